@@ -1,0 +1,49 @@
+"""Human-readable text for images, shared by the `%ckpt` magics and `jupyter ckpt`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .store import ImageStore
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def list_images(store: ImageStore) -> list[str]:
+    lines = []
+    for image_id, manifest, error in store.iter_manifests():
+        if manifest is None:
+            lines.append(f"{image_id[:12]}  INVALID: {error}")
+            continue
+        saved = sum(v["status"] in ("saved", "imported") for v in manifest["variables"])
+        lines.append(
+            f"{image_id[:12]}  {manifest['created'][:19].replace('T', ' ')}  "
+            f"{human_bytes(manifest['sizes']['logical']):>10}  {saved:>4} vars  {manifest['name']}"
+        )
+    return lines or [f"No images in {store.backend.url}"]
+
+
+def describe_image(manifest: dict[str, Any]) -> list[str]:
+    kernel = manifest.get("kernel", {})
+    env = manifest.get("environment", {})
+    lines = [
+        f"Image {manifest['id']}  '{manifest['name']}'",
+        f"  created {manifest['created']}  parent {manifest.get('parent') or '-'}",
+        f"  kernel {kernel.get('id') or '-'}  notebook {kernel.get('notebook_path') or '-'}",
+        f"  python {env.get('python')}  devices {', '.join(manifest.get('devices', [])) or 'cpu'}",
+        f"  size {human_bytes(manifest['sizes']['logical'])}",
+        "  variables:",
+    ]
+    for var in manifest["variables"]:
+        detail = {
+            "saved": human_bytes(var.get("bytes", 0)),
+            "imported": f"import {var.get('module')}",
+        }.get(var["status"], f"{var['status'].upper()}: {var.get('reason')}")
+        lines.append(f"    {var['name']:<20} {var['type']:<32} {detail}")
+    return lines

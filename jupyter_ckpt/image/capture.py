@@ -1,0 +1,212 @@
+"""Write a namespace to an image.
+
+Nothing is tracked while the user works; all the work happens here, in two passes:
+
+1. every variable is pickled on its own (big buffers are only referenced, not copied).
+   A variable that fails is recorded as lost with the reason and the rest go on. Each
+   pickler's memo says which objects the variable reaches;
+2. variables that reach a common object (``b is a``, a model and its optimizer, a view and
+   its base) are joined into one group and pickled together, so sharing survives restore.
+   Variables alone in their group reuse their first-pass pickle.
+
+Pickle streams and small buffers are packed into one segment; each large buffer becomes its
+own segment, so its chunks line up between saves and unchanged data is not written again.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import types
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import Any
+
+from . import pickler as _pickler
+
+# Objects whose identity carries no meaning: sharing them must not join two variables.
+_NO_IDENTITY = (
+    str, bytes, int, float, complex, bool, type(None), tuple, frozenset, range, type,
+    types.ModuleType, types.BuiltinFunctionType, _pickler._NamespaceRef,
+)  # fmt: skip
+# Buffers up to this size are packed together; larger ones get their own chunks.
+PACK_MAX = 1 << 20
+
+
+@dataclass
+class _Pickled:
+    names: list[str]
+    data: bytes
+    buffers: list[Any]
+    modules: set[str] = field(default_factory=set)
+    devices: set[str] = field(default_factory=set)
+    shared: set[int] = field(default_factory=set)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + sum(b.raw().nbytes for b in self.buffers)
+
+
+def type_name(value: Any) -> str:
+    cls = type(value)
+    module = cls.__module__
+    return (
+        cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+    )
+
+
+def import_record(name: str, value: Any) -> dict[str, str] | None:
+    """How to re-import a module alias or a `from x import y` binding, if it is one."""
+    if isinstance(value, types.ModuleType):
+        return {"name": name, "module": value.__name__}
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__":
+        return None
+    if not isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+        return None
+    target: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if target is not value:
+        return None
+    return {"name": name, "module": module, "attr": qualname}
+
+
+def _dump(names: list[str], obj: Any, namespace: dict[str, Any], storages: dict) -> _Pickled:
+    data, p = _pickler.dumps(obj, namespace, storages)
+    shared = {i for i, (_, o) in p.memo.copy().items() if not isinstance(o, _NO_IDENTITY)}
+    return _Pickled(names, data, p.buffers, p.modules, p.devices, shared)
+
+
+def _join_sharing(singles: list[_Pickled]) -> list[list[_Pickled]]:
+    """Union-find over variables that reach a common object."""
+    parent = list(range(len(singles)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[int, int] = {}
+    for i, single in enumerate(singles):
+        for obj_id in single.shared:
+            j = owner.setdefault(obj_id, i)
+            if j != i:
+                parent[find(i)] = find(j)
+    joined: dict[int, list[_Pickled]] = {}
+    for i, single in enumerate(singles):
+        joined.setdefault(find(i), []).append(single)
+    return list(joined.values())
+
+
+_dists: dict[str, list[str]] | None = None
+
+
+def package_versions(modules: set[str]) -> dict[str, str]:
+    global _dists
+    if _dists is None:
+        _dists = metadata.packages_distributions()
+    versions = {}
+    for module in sorted(modules):
+        for dist in _dists.get(module, []):
+            try:
+                versions[module] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+            break
+    return versions
+
+
+def capture(
+    variables: dict[str, Any],
+    namespace: dict[str, Any],
+    writer: Any,
+    *,
+    name: str,
+    exclude: set[str] = frozenset(),  # type: ignore[assignment]
+    kernel: dict[str, Any] | None = None,
+    parent: str | None = None,
+) -> dict[str, Any]:
+    """Pickle ``variables`` (functions bound to ``namespace``) through ``writer``; return
+    the committed manifest."""
+    records: dict[str, dict[str, Any]] = {}
+    imports = []
+    singles: list[_Pickled] = []
+    storages: dict = {}
+    for var, value in variables.items():
+        record = records[var] = {"name": var, "type": type_name(value)}
+        if var in exclude:
+            record.update(status="excluded", reason="excluded with %ckpt exclude")
+            continue
+        imported = import_record(var, value)
+        if imported is not None:
+            imports.append(imported)
+            record.update(status="imported", module=imported["module"])
+            continue
+        try:
+            single = _dump([var], value, namespace, storages)
+        except Exception as exc:
+            record.update(status="lost", reason=f"{type(exc).__name__}: {exc}")
+            continue
+        record.update(status="saved", bytes=single.nbytes, devices=sorted(single.devices))
+        singles.append(single)
+
+    groups = []
+    for members in _join_sharing(singles):
+        if len(members) == 1:
+            groups.append(members[0])
+            continue
+        names = [n for m in members for n in m.names]
+        try:
+            groups.append(_dump(names, tuple(variables[n] for n in names), namespace, storages))
+        except Exception:  # pickles alone but not together: keep values, lose the sharing
+            groups.extend(members)
+
+    pack = bytearray()
+    pack_refs: list[list[Any]] = []
+
+    def place(buffer: Any) -> list[Any]:
+        if buffer.nbytes > PACK_MAX:
+            return [writer.add_segment(buffer), 0, buffer.nbytes]
+        ref = [None, len(pack), buffer.nbytes]
+        pack.extend(buffer)
+        pack_refs.append(ref)
+        return ref
+
+    group_entries = []
+    modules: set[str] = {i["module"].partition(".")[0] for i in imports}
+    for group in groups:
+        group_entries.append(
+            {
+                "names": group.names,
+                "pickle": place(memoryview(group.data)),
+                "buffers": [place(b.raw()) for b in group.buffers],
+            }
+        )
+        modules |= group.modules
+    pack_index = writer.add_segment(pack)
+    for ref in pack_refs:
+        ref[0] = pack_index
+
+    manifest = {
+        "name": name,
+        "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+        "parent": parent,
+        "kernel": kernel or {},
+        "variables": list(records.values()),
+        "imports": imports,
+        "groups": group_entries,
+        "excluded": sorted(exclude),
+        "environment": {
+            "python": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "platform": sys.platform,
+            "machine": platform.machine(),
+            "packages": package_versions(modules - {"__main__", "builtins"}),
+        },
+        "devices": sorted({d for g in groups for d in g.devices}),
+    }
+    return writer.commit(manifest)

@@ -1,0 +1,85 @@
+"""Bring an image back into a namespace.
+
+Order matters for safety and for the user: every chunk is read and verified first (nothing
+is unpickled from an image that fails a check), then every group is rebuilt aside, and only
+at the end are the rebuilt values swapped into the namespace in one step. A group that
+fails names its variables and the reason; it never takes the others down with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import devices, pickler
+
+
+@dataclass
+class RestoreReport:
+    restored: list[str] = field(default_factory=list)
+    # name -> why it is not back (failed now, or not saved in the first place)
+    missing: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"restored": self.restored, "missing": self.missing, "warnings": self.warnings}
+
+
+def _import(record: dict[str, str]) -> Any:
+    value: Any = importlib.import_module(record["module"])
+    for part in record.get("attr", "").split(".") if record.get("attr") else ():
+        value = getattr(value, part)
+    return value
+
+
+def restore(
+    manifest: dict[str, Any],
+    segments: list[memoryview],
+    namespace: dict[str, Any],
+    *,
+    map_location: str | None = None,
+) -> RestoreReport:
+    """Rebuild the image's variables and swap them into ``namespace``.
+
+    ``segments`` must come from :meth:`ImageStore.read_segments`, which verified them.
+    """
+    report = RestoreReport()
+    for var in manifest["variables"]:
+        if var["status"] in ("lost", "excluded"):
+            report.missing[var["name"]] = f"not saved: {var['reason']}"
+
+    mapper = devices.DeviceMapper(devices.device_ops, manifest.get("devices", []), map_location)
+    staged: dict[str, Any] = {}
+
+    def view(ref: list[Any]) -> memoryview:
+        segment, offset, length = ref
+        return segments[segment][offset : offset + length]
+
+    token = devices.current_mapper.set(mapper)
+    try:
+        for group in manifest["groups"]:
+            names = group["names"]
+            try:
+                value = pickler.loads(
+                    view(group["pickle"]), [view(r) for r in group["buffers"]], namespace
+                )
+            except Exception as exc:
+                for name in names:
+                    report.missing[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            staged.update(zip(names, value, strict=True) if len(names) > 1 else [(names[0], value)])
+    finally:
+        devices.current_mapper.reset(token)
+
+    for record in manifest["imports"]:
+        try:
+            staged[record["name"]] = _import(record)
+        except Exception as exc:
+            report.missing[record["name"]] = f"cannot re-import {record['module']}: {exc}"
+
+    namespace.update(staged)
+    order = [v["name"] for v in manifest["variables"]]
+    report.restored = [n for n in order if n in staged]
+    report.warnings.extend(mapper.warnings)
+    return report

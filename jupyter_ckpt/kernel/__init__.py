@@ -1,0 +1,111 @@
+"""The kernel side: what `%ckpt` and the server run inside a kernel.
+
+The server calls :func:`checkpoint` and :func:`restore` through a silent execute and reads
+their JSON-able results; it never unpickles user objects itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+from .. import image
+from ..store import ImageStore
+from .state import apply_kernel_facts, kernel_facts, kernel_id, user_variables
+
+
+def _default_name() -> str:
+    notebook = os.environ.get("JPY_SESSION_NAME")
+    if notebook:
+        stem = os.path.splitext(os.path.basename(notebook))[0]
+        cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")
+        if cleaned:
+            return cleaned[:128]
+    kid = kernel_id()
+    return f"kernel-{kid[:8]}" if kid else "session"
+
+
+class KernelSession:
+    """Per-kernel state: the variables excluded from images and the last image written
+    or restored (the parent of the next one)."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.excluded: set[str] = set()
+        self.last_image: str | None = None
+        self._store: ImageStore | None = None
+
+    @property
+    def store(self) -> ImageStore:
+        if self._store is None:
+            self._store = ImageStore(config=self.shell.config)
+        return self._store
+
+    def save(self, name: str | None = None) -> dict[str, Any]:
+        started = time.perf_counter()
+        manifest = image.capture(
+            user_variables(self.shell),
+            self.shell.user_ns,
+            self.store.writer(),
+            name=name or _default_name(),
+            exclude=self.excluded,
+            kernel=kernel_facts(self.shell),
+            parent=self.last_image,
+        )
+        self.last_image = manifest["id"]
+        return summarize_save(manifest, time.perf_counter() - started)
+
+    def restore(self, ref: str, map_location: str | None = None) -> dict[str, Any]:
+        started = time.perf_counter()
+        manifest = self.store.open(ref)
+        segments = self.store.read_segments(manifest)
+        report = image.restore(manifest, segments, self.shell.user_ns, map_location=map_location)
+        report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
+        self.excluded = set(manifest.get("excluded", []))
+        self.last_image = manifest["id"]
+        return {
+            "id": manifest["id"],
+            "name": manifest["name"],
+            **report.to_json(),
+            "seconds": time.perf_counter() - started,
+        }
+
+
+def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
+    variables = manifest["variables"]
+    return {
+        "id": manifest["id"],
+        "name": manifest["name"],
+        "saved": [v["name"] for v in variables if v["status"] in ("saved", "imported")],
+        "lost": {v["name"]: v["reason"] for v in variables if v["status"] == "lost"},
+        "excluded": [v["name"] for v in variables if v["status"] == "excluded"],
+        "bytes": manifest["sizes"]["logical"],
+        "written": manifest["sizes"]["written"],
+        "seconds": seconds,
+    }
+
+
+_session: KernelSession | None = None
+
+
+def session() -> KernelSession:
+    """The session of the running IPython kernel."""
+    global _session
+    if _session is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:
+            raise RuntimeError("jupyter_ckpt.kernel runs inside an IPython kernel")
+        _session = KernelSession(shell)
+    return _session
+
+
+def checkpoint(name: str | None = None) -> dict[str, Any]:
+    return session().save(name)
+
+
+def restore(ref: str, map_location: str | None = None) -> dict[str, Any]:
+    return session().restore(ref, map_location)

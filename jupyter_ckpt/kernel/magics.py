@@ -1,0 +1,114 @@
+"""`%ckpt` magics: save, restore, list, show, rm, exclude, include, status.
+
+Output is short and human, and always names every variable that was not saved or not
+restored, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from IPython.core.magic import Magics, line_magic, magics_class
+
+from ..errors import CkptError
+from ..format import describe_image, human_bytes, list_images
+from . import session
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CkptError(f"{message}\n{self.format_usage().strip()}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="%ckpt", description="Checkpoint this kernel's variables.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("save", help="write an image of the namespace").add_argument("name", nargs="?")
+    restore = sub.add_parser("restore", help="bring an image's variables back")
+    restore.add_argument("ref", metavar="NAME|ID")
+    restore.add_argument(
+        "--map-location", metavar="DEVICE", help="load GPU tensors here instead (e.g. cpu)"
+    )
+    sub.add_parser("list", help="saved images")
+    sub.add_parser("show", help="one image's variables").add_argument("ref", metavar="NAME|ID")
+    sub.add_parser("rm", help="delete an image").add_argument("ref", metavar="NAME|ID")
+    sub.add_parser("exclude", help="leave variables out of images").add_argument(
+        "names", nargs="+", metavar="VAR"
+    )
+    sub.add_parser("include", help="undo exclude").add_argument("names", nargs="+", metavar="VAR")
+    sub.add_parser("status", help="store, exclusions and the last image")
+    return parser
+
+
+def _not_back(missing: dict[str, str], verb: str) -> list[str]:
+    if not missing:
+        return []
+    return [f"Not {verb} ({len(missing)}):", *(f"  {n}: {why}" for n, why in missing.items())]
+
+
+@magics_class
+class CkptMagics(Magics):
+    @line_magic
+    def ckpt(self, line: str) -> None:
+        """Checkpoint this kernel's variables. `%ckpt --help` lists the commands."""
+        try:
+            args = _parser().parse_args(shlex.split(line))
+        except SystemExit:  # --help printed the usage
+            return
+        except CkptError as exc:
+            print(f"%ckpt: {exc}")
+            return
+        try:
+            print("\n".join(getattr(self, f"_{args.command}")(args)))
+        except CkptError as exc:
+            print(f"%ckpt {args.command}: {exc}")
+
+    def _save(self, args: Any) -> list[str]:
+        r = session().save(args.name)
+        lines = [
+            f"Saved {len(r['saved'])} variables as '{r['name']}' ({r['id'][:12]}): "
+            f"{human_bytes(r['bytes'])}, {human_bytes(r['written'])} new, {r['seconds']:.2f} s"
+        ]
+        lines += _not_back(r["lost"], "saved")
+        if r["excluded"]:
+            lines.append(f"Excluded: {', '.join(r['excluded'])}")
+        return lines
+
+    def _restore(self, args: Any) -> list[str]:
+        r = session().restore(args.ref, args.map_location)
+        lines = [
+            f"Restored {len(r['restored'])} variables from '{r['name']}' ({r['id'][:12]}) "
+            f"in {r['seconds']:.2f} s"
+        ]
+        lines += _not_back(r["missing"], "restored")
+        lines += [f"Warning: {w}" for w in r["warnings"]]
+        return lines
+
+    def _list(self, args: Any) -> list[str]:
+        return list_images(session().store)
+
+    def _show(self, args: Any) -> list[str]:
+        return describe_image(session().store.open(args.ref))
+
+    def _rm(self, args: Any) -> list[str]:
+        return [f"Deleted image {session().store.delete(args.ref)}"]
+
+    def _exclude(self, args: Any) -> list[str]:
+        s = session()
+        s.excluded.update(args.names)
+        return [f"Excluded from images: {', '.join(sorted(s.excluded))}"]
+
+    def _include(self, args: Any) -> list[str]:
+        s = session()
+        s.excluded.difference_update(args.names)
+        return [f"Excluded from images: {', '.join(sorted(s.excluded)) or '(none)'}"]
+
+    def _status(self, args: Any) -> list[str]:
+        s = session()
+        return [
+            f"Store: {s.store.backend.url}",
+            f"Excluded: {', '.join(sorted(s.excluded)) or '(none)'}",
+            f"Last image: {s.last_image or '(none)'}",
+        ]

@@ -1,0 +1,93 @@
+"""What of a running IPython kernel belongs in an image besides the variables: the
+working directory, environment variables the user changed, execution count and input
+history; and which names in the namespace are the user's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+# IPython's own per-cell names (_, __, _i, _i3, _3, ...) are not user variables.
+_IPYTHON_NAME = re.compile(r"^(_+|_i+|_i?\d+|_ih|_oh|_dh|In|Out|exit|quit|get_ipython)$")
+
+
+def _launch_environment() -> dict[str, str]:
+    """The environment the kernel process started with (Linux keeps it in /proc)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environ)
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[os.fsdecode(key)] = os.fsdecode(value)
+    return env
+
+
+_LAUNCH_ENV = _launch_environment()
+
+
+def user_variables(shell: Any) -> dict[str, Any]:
+    hidden = shell.user_ns_hidden
+    return {
+        name: value
+        for name, value in shell.user_ns.items()
+        if not (name.startswith("__") and name.endswith("__"))
+        and not _IPYTHON_NAME.match(name)
+        and not (name in hidden and hidden[name] is value)
+    }
+
+
+def kernel_facts(shell: Any) -> dict[str, Any]:
+    changed = {k: v for k, v in os.environ.items() if _LAUNCH_ENV.get(k) != v}
+    removed = sorted(k for k in _LAUNCH_ENV if k not in os.environ)
+    history = shell.history_manager
+    return {
+        "id": kernel_id(),
+        "notebook_path": os.environ.get("JPY_SESSION_NAME"),
+        "cwd": os.getcwd(),
+        "env": {"set": changed, "unset": removed},
+        "execution_count": shell.execution_count,
+        "history": {
+            "raw": list(history.input_hist_raw),
+            "parsed": list(history.input_hist_parsed),
+        },
+    }
+
+
+def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
+    """Restore cwd, environment, execution count and history; return warnings."""
+    warnings = []
+    cwd = facts.get("cwd")
+    if cwd:
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            warnings.append(f"working directory {cwd} not restored: {exc.strerror}")
+    env = facts.get("env", {})
+    os.environ.update(env.get("set", {}))
+    for key in env.get("unset", []):
+        os.environ.pop(key, None)
+    history = facts.get("history")
+    if history:
+        # In-place: the namespace's `In` is the same list object as input_hist_parsed.
+        shell.history_manager.input_hist_raw[:] = history["raw"]
+        shell.history_manager.input_hist_parsed[:] = history["parsed"]
+    if facts.get("execution_count"):
+        shell.execution_count = facts["execution_count"]
+    return warnings
+
+
+def kernel_id() -> str | None:
+    try:
+        from ipykernel.connect import get_connection_file
+
+        stem = os.path.basename(get_connection_file())
+    except Exception:
+        return None
+    match = re.match(r"kernel-(.+)\.json$", stem)
+    return match.group(1) if match else None

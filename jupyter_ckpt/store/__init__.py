@@ -1,0 +1,349 @@
+"""The image store: content-addressed chunks plus signed manifests.
+
+Layout (DESIGN section 3)::
+
+    <store>/images/<image-id>/manifest.json   written last, atomically; signed
+    <store>/chunks/<hh>/<hash>                 immutable, shared between images
+    <store>/kernels/<kernel-id>.json           the server's record of a suspended kernel
+
+An image's bytes are a list of *segments* (one packed stream of small pickles and
+buffers, then one segment per large buffer). Segments are cut into fixed-size chunks named
+by their BLAKE3 hash, so a second save of a slightly changed session writes only the
+chunks that changed. BLAKE3 was measured at ~4 GB/s per core here against ~1.7 GB/s for
+SHA-256, so hashing stays well ahead of the disk.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import blake3
+from jupyter_core.paths import jupyter_data_dir
+from traitlets import Bool, Int, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+from ..errors import AmbiguousReference, ImageNotFound, IntegrityError, InvalidReference
+from .backends import open_backend
+from .signing import Signer
+
+CHUNK_SIZE = 4 << 20
+ID_RE = re.compile(r"^[0-9a-f]{32}$")
+REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+KERNEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
+GC_GRACE_SECONDS = 3600
+
+Buffer = memoryview | bytearray | bytes
+
+
+def chunk_hash(data: Buffer) -> str:
+    return blake3.blake3(data).hexdigest()
+
+
+def chunk_path(digest: str) -> str:
+    return f"chunks/{digest[:2]}/{digest}"
+
+
+def manifest_path(image_id: str) -> str:
+    return f"images/{image_id}/manifest.json"
+
+
+def check_ref(ref: str, what: str = "image name or id") -> str:
+    if not isinstance(ref, str) or not REF_RE.match(ref):
+        raise InvalidReference(
+            f"invalid {what} {ref!r}: use letters, digits, '.', '_' and '-' "
+            "(no paths), starting with a letter or digit"
+        )
+    return ref
+
+
+def _allocate(nbytes: int) -> memoryview:
+    """A writable buffer without zero-filling when numpy is already loaded."""
+    import sys
+
+    np = sys.modules.get("numpy")
+    if np is not None:
+        return memoryview(np.empty(nbytes, dtype=np.uint8)).cast("B")
+    return memoryview(bytearray(nbytes))
+
+
+class ImageStore(LoggingConfigurable):
+    """Where images live. Configure with ``ImageStore.url`` or ``JUPYTER_CKPT_STORE``."""
+
+    url = Unicode(help="Store location: a local path or an fsspec URL (s3://bucket/prefix).").tag(
+        config=True
+    )
+
+    @default("url")
+    def _default_url(self) -> str:
+        return os.environ.get("JUPYTER_CKPT_STORE") or os.path.join(jupyter_data_dir(), "ckpt")
+
+    secret_file = Unicode(
+        help="Per-user signing secret, kept outside the store (created 0600 on first use)."
+    ).tag(config=True)
+
+    @default("secret_file")
+    def _default_secret_file(self) -> str:
+        return os.environ.get("JUPYTER_CKPT_SECRET_FILE") or os.path.join(
+            jupyter_data_dir(), "ckpt-secret"
+        )
+
+    fsync = Bool(True, help="fsync chunks and manifests before an image counts as committed.").tag(
+        config=True
+    )
+
+    io_threads = Int(4, help="Threads that hash, write and read chunks in parallel.").tag(
+        config=True
+    )
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.backend = open_backend(self.url, fsync=self.fsync)
+        self.signer = Signer(self.secret_file)
+        self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
+
+    # -- writing -------------------------------------------------------------------------
+
+    def writer(self) -> ImageWriter:
+        return ImageWriter(self)
+
+    def _put_chunk(self, data: memoryview) -> tuple[str, int]:
+        digest = chunk_hash(data)
+        path = chunk_path(digest)
+        if self.backend.exists(path):
+            return digest, 0
+        self.backend.write_atomic(path, data)
+        return digest, len(data)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def image_ids(self) -> list[str]:
+        return [i for i in self.backend.listdir("images") if ID_RE.match(i)]
+
+    def load_manifest(self, image_id: str) -> dict[str, Any]:
+        """The verified manifest of one image id."""
+        path = manifest_path(image_id)
+        try:
+            data = self.backend.read_bytes(path)
+        except FileNotFoundError:
+            raise ImageNotFound(f"no image with id {image_id} in {self.backend.url}") from None
+        manifest = self.signer.open(data, f"image {image_id}")
+        if manifest.get("id") != image_id:
+            raise IntegrityError(f"image {image_id}: manifest names another id, refusing it")
+        return manifest
+
+    def iter_manifests(self) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
+        """(id, manifest or None, error) for every image, newest first; bad ones are named."""
+        entries = []
+        for image_id in self.image_ids():
+            try:
+                entries.append((image_id, self.load_manifest(image_id), None))
+            except (IntegrityError, ImageNotFound) as exc:
+                entries.append((image_id, None, str(exc)))
+        entries.sort(key=lambda e: (e[1] or {}).get("created", ""), reverse=True)
+        yield from entries
+
+    def resolve(self, ref: str) -> str:
+        """An image id from an id, a unique id prefix, or a name (the newest image of it)."""
+        check_ref(ref)
+        if ID_RE.match(ref) and self.backend.exists(manifest_path(ref)):
+            return ref
+        named = [(m["created"], i) for i, m, _ in self.iter_manifests() if m and m["name"] == ref]
+        if named:
+            return max(named)[1]
+        prefixed = [i for i in self.image_ids() if i.startswith(ref)] if len(ref) >= 4 else []
+        if len(prefixed) == 1:
+            return prefixed[0]
+        if len(prefixed) > 1:
+            raise AmbiguousReference(f"{ref!r} matches {len(prefixed)} images; give more of the id")
+        raise ImageNotFound(f"no image named or with id {ref!r} in {self.backend.url}")
+
+    def open(self, ref: str) -> dict[str, Any]:
+        return self.load_manifest(self.resolve(ref))
+
+    def read_segments(self, manifest: dict[str, Any]) -> list[memoryview]:
+        """Every segment of an image, each chunk verified against its hash before use."""
+        jobs: list[Future[None]] = []
+        segments = []
+        for segment in manifest["segments"]:
+            buf = _allocate(segment["size"])
+            segments.append(buf)
+            offset = 0
+            for digest, size in segment["chunks"]:
+                jobs.append(
+                    self._pool.submit(self._read_chunk, digest, buf[offset : offset + size])
+                )
+                offset += size
+        for job in jobs:
+            job.result()
+        return segments
+
+    def _read_chunk(self, digest: str, out: memoryview) -> None:
+        try:
+            n = self.backend.read_into(chunk_path(digest), out)
+        except FileNotFoundError:
+            raise IntegrityError(f"chunk {digest} is missing from the store") from None
+        if n != len(out) or chunk_hash(out) != digest:
+            raise IntegrityError(f"chunk {digest} was altered (content does not match its hash)")
+
+    def verify(self, ref: str) -> dict[str, Any]:
+        """Check signature and every chunk; return the manifest. Unpickles nothing."""
+        manifest = self.open(ref)
+        self.read_segments(manifest)
+        return manifest
+
+    # -- removing ------------------------------------------------------------------------
+
+    def delete(self, ref: str) -> str:
+        image_id = self.resolve(ref)
+        # Removing the manifest first makes the image vanish at once; chunks go in gc().
+        self.backend.remove(manifest_path(image_id))
+        self.backend.remove(f"images/{image_id}")
+        return image_id
+
+    def gc(self, grace_seconds: float = GC_GRACE_SECONDS) -> tuple[int, int]:
+        """Remove chunks no image references. Returns (files removed, bytes freed).
+
+        Chunks younger than ``grace_seconds`` are kept: a writer in another process writes
+        its chunks before its manifest, and they must survive until the manifest lands.
+        """
+        referenced: set[str] = set()
+        for image_id in self.image_ids():
+            try:
+                data = json.loads(self.backend.read_bytes(manifest_path(image_id)))
+                segments = data["manifest"]["segments"]
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                continue
+            referenced.update(digest for s in segments for digest, _ in s["chunks"])
+        cutoff = time.time() - grace_seconds
+        removed = freed = 0
+        for path, mtime in list(self.backend.walk_files("chunks")):
+            name = path.rsplit("/", 1)[-1]
+            if name in referenced or mtime > cutoff:
+                continue
+            size = self._size(path)
+            self.backend.remove(path)
+            removed += 1
+            freed += size
+        return removed, freed
+
+    def _size(self, path: str) -> int:
+        try:
+            return len(self.backend.read_bytes(path))
+        except FileNotFoundError:
+            return 0
+
+    # -- moving images between stores -----------------------------------------------------
+
+    def export(self, ref: str, file: str) -> str:
+        """Write one image (manifest and chunks) to a tar file."""
+        manifest = self.verify(ref)
+        image_id = manifest["id"]
+        with tarfile.open(file, "w") as tar:
+            self._tar_add(tar, "manifest.json", self.backend.read_bytes(manifest_path(image_id)))
+            for digest in sorted({d for s in manifest["segments"] for d, _ in s["chunks"]}):
+                self._tar_add(tar, chunk_path(digest), self.backend.read_bytes(chunk_path(digest)))
+        return image_id
+
+    @staticmethod
+    def _tar_add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = 0o600
+        tar.addfile(info, io.BytesIO(data))
+
+    def import_(self, file: str) -> str:
+        """Add an exported image. It must be signed with our secret; nothing is written
+        unless the manifest and every chunk check out."""
+        with tarfile.open(file, "r") as tar:
+            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+            if "manifest.json" not in members:
+                raise IntegrityError(f"{file}: not a jupyter-ckpt export (no manifest.json)")
+            sealed = self._tar_read(tar, members["manifest.json"])
+            manifest = self.signer.open(sealed, file)
+            image_id = check_ref(manifest.get("id", ""), "image id")
+            if not ID_RE.match(image_id):
+                raise IntegrityError(f"{file}: bad image id {image_id!r}")
+            chunks = {}
+            for digest in {d for s in manifest["segments"] for d, _ in s["chunks"]}:
+                member = members.get(chunk_path(digest))
+                if member is None:
+                    raise IntegrityError(f"{file}: chunk {digest} is missing")
+                data = self._tar_read(tar, member)
+                if chunk_hash(data) != digest:
+                    raise IntegrityError(f"{file}: chunk {digest} was altered")
+                chunks[digest] = data
+        for digest, data in chunks.items():
+            if not self.backend.exists(chunk_path(digest)):
+                self.backend.write_atomic(chunk_path(digest), data)
+        self.backend.write_atomic(manifest_path(image_id), sealed)
+        return image_id
+
+    @staticmethod
+    def _tar_read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+        f = tar.extractfile(member)
+        assert f is not None
+        return f.read()
+
+
+class ImageWriter:
+    """Streams segments into chunks on the I/O pool; the manifest lands last, atomically.
+
+    Until :meth:`commit` returns, no reader can see the image: a killed writer leaves
+    only unreferenced chunks, which ``gc`` removes.
+    """
+
+    def __init__(self, store: ImageStore) -> None:
+        self.store = store
+        self.image_id = uuid.uuid4().hex
+        self._segments: list[tuple[int, list[Future[tuple[str, int]]]]] = []
+
+    def add_segment(self, data: Buffer) -> int:
+        """Queue a buffer for writing; it must stay unchanged until commit."""
+        view = memoryview(data).cast("B")
+        submit: Callable[..., Future[tuple[str, int]]] = self.store._pool.submit
+        futures = [
+            submit(self.store._put_chunk, view[i : i + CHUNK_SIZE])
+            for i in range(0, len(view), CHUNK_SIZE)
+        ]
+        self._segments.append((len(view), futures))
+        return len(self._segments) - 1
+
+    def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        segments = []
+        written = 0
+        try:
+            for size, futures in self._segments:
+                chunks = []
+                offset = 0
+                for future in futures:
+                    digest, new = future.result()
+                    length = min(CHUNK_SIZE, size - offset)
+                    chunks.append([digest, length])
+                    offset += length
+                    written += new
+                segments.append({"size": size, "chunks": chunks})
+        except BaseException:
+            for _, futures in self._segments:
+                for future in futures:
+                    future.cancel()
+            raise
+        logical = sum(s["size"] for s in segments)
+        manifest = {
+            **manifest,
+            "id": self.image_id,
+            "segments": segments,
+            "sizes": {**manifest.get("sizes", {}), "logical": logical, "written": written},
+        }
+        backend = self.store.backend
+        backend.write_atomic(manifest_path(self.image_id), self.store.signer.seal(manifest))
+        backend.sync_dir(f"images/{self.image_id}")
+        return manifest

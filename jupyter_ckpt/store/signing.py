@@ -1,0 +1,89 @@
+"""Manifest signatures: loading an image runs pickle, so only images we signed are loaded.
+
+The secret is per user and lives outside the store (a shared store must not hold the key
+that vouches for its contents). It is created on first use with mode 0600 and refused if
+anyone else can read it, as ssh does with private keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+from typing import Any
+
+from ..errors import IntegrityError, SecretError
+
+FORMAT = "jupyter-ckpt/1"
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class Signer:
+    def __init__(self, secret_file: str) -> None:
+        self.secret_file = os.path.abspath(os.path.expanduser(secret_file))
+        self._secret = self._load_or_create()
+        self.key_id = hashlib.sha256(b"jupyter-ckpt key id" + self._secret).hexdigest()[:16]
+
+    def _load_or_create(self) -> bytes:
+        path = self.secret_file
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        try:
+            mode = os.stat(path).st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise SecretError(
+                    f"the signing secret {path} is accessible by other users "
+                    f"(mode {stat.S_IMODE(mode):o}); run: chmod 600 {path}"
+                )
+            with open(path) as f:
+                secret = f.read().strip()
+        except OSError as exc:
+            raise SecretError(f"cannot read the signing secret {path}: {exc}") from exc
+        if len(secret) < 32:
+            raise SecretError(f"the signing secret {path} is too short (need 32+ characters)")
+        return secret.encode()
+
+    def _mac(self, payload: bytes) -> str:
+        return hmac.new(self._secret, payload, hashlib.sha256).hexdigest()
+
+    def seal(self, manifest: dict[str, Any]) -> bytes:
+        """The bytes of a signed manifest file."""
+        envelope = {
+            "format": FORMAT,
+            "key_id": self.key_id,
+            "signature": self._mac(canonical_json(manifest)),
+            "manifest": manifest,
+        }
+        return json.dumps(envelope, indent=1, sort_keys=True).encode()
+
+    def open(self, data: bytes, where: str) -> dict[str, Any]:
+        """Verify a signed manifest file and return the manifest; raise if it is not ours."""
+        try:
+            envelope = json.loads(data)
+            manifest = envelope["manifest"]
+            signature = envelope["signature"]
+            key_id = envelope.get("key_id")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IntegrityError(f"{where}: not a jupyter-ckpt manifest ({exc})") from exc
+        if envelope.get("format") != FORMAT:
+            raise IntegrityError(f"{where}: unknown image format {envelope.get('format')!r}")
+        if not hmac.compare_digest(self._mac(canonical_json(manifest)), str(signature)):
+            if key_id != self.key_id:
+                raise IntegrityError(
+                    f"{where}: signed with a different secret (key {key_id}, ours is "
+                    f"{self.key_id}); refusing to load an image we cannot vouch for"
+                )
+            raise IntegrityError(f"{where}: the manifest was altered (signature mismatch)")
+        return manifest
