@@ -15,18 +15,52 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def saved_count(manifest: dict[str, Any]) -> int:
+    """Variables that come back on restore (saved by value or re-imported)."""
+    return sum(v["status"] in ("saved", "imported") for v in manifest["variables"])
+
+
 def list_images(store: ImageStore) -> list[str]:
     lines = []
     for image_id, manifest, error in store.iter_manifests():
         if manifest is None:
             lines.append(f"{image_id[:12]}  INVALID: {error}")
             continue
-        saved = sum(v["status"] in ("saved", "imported") for v in manifest["variables"])
         lines.append(
             f"{image_id[:12]}  {manifest['created'][:19].replace('T', ' ')}  "
-            f"{human_bytes(manifest['sizes']['logical']):>10}  {saved:>4} vars  {manifest['name']}"
+            f"{human_bytes(manifest['sizes']['logical']):>10}  {saved_count(manifest):>4} vars  "
+            f"{manifest['name']}"
         )
     return lines or [f"No images in {store.backend.url}"]
+
+
+def list_entries(store: ImageStore) -> list[dict[str, Any]]:
+    """`list_images` as data for scripts; an image that fails to load has an ``error``."""
+    entries: list[dict[str, Any]] = []
+    for image_id, manifest, error in store.iter_manifests():
+        if manifest is None:
+            entries.append({"id": image_id, "error": error})
+            continue
+        entries.append(
+            {
+                "id": image_id,
+                "name": manifest["name"],
+                "created": manifest["created"],
+                "logical_bytes": manifest["sizes"]["logical"],
+                "saved_variables": saved_count(manifest),
+                "devices": manifest.get("devices", []),
+            }
+        )
+    return entries
+
+
+# How the bytes are laid out: needed to load an image, noise to anyone reading about it.
+LAYOUT_KEYS = frozenset({"segments", "groups"})
+
+
+def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    """`describe_image` as data for scripts: the manifest without its byte layout."""
+    return {k: v for k, v in manifest.items() if k not in LAYOUT_KEYS}
 
 
 def describe_image(manifest: dict[str, Any]) -> list[str]:

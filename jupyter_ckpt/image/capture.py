@@ -15,6 +15,7 @@ own segment, so its chunks line up between saves and unchanged data is not writt
 
 from __future__ import annotations
 
+import enum
 import platform
 import sys
 import types
@@ -32,6 +33,8 @@ _NO_IDENTITY = (
 )  # fmt: skip
 # Buffers up to this size are packed together; larger ones get their own chunks.
 PACK_MAX = 1 << 20
+# Packed buffers start at multiples of this, so restored arrays and tensors are aligned.
+PACK_ALIGN = 64
 
 
 @dataclass
@@ -42,6 +45,9 @@ class _Pickled:
     modules: set[str] = field(default_factory=set)
     devices: set[str] = field(default_factory=set)
     shared: set[int] = field(default_factory=set)
+    # The objects behind ``shared``: alive until grouping is done, so that the id of a
+    # temporary made while pickling one variable is not reused by another one's.
+    keepalive: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -74,10 +80,36 @@ def import_record(name: str, value: Any) -> dict[str, str] | None:
     return {"name": name, "module": module, "attr": qualname}
 
 
+def _value_types() -> tuple[type, ...]:
+    """Library singletons that unpickle to an equal object wherever they are used (dtypes,
+    devices, enum members): reaching one says nothing about sharing."""
+    found: list[type] = [enum.Enum]
+    np = sys.modules.get("numpy")
+    if np is not None:
+        found.append(np.dtype)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        found += [torch.dtype, torch.device, torch.layout, torch.memory_format]
+    return tuple(found)
+
+
+def _has_identity(obj: Any, value_types: tuple[type, ...]) -> bool:
+    if isinstance(obj, (_NO_IDENTITY, value_types)):
+        return False
+    # A function pickled by reference (a library function, a reconstructor the pickler
+    # itself emits) comes back as the same object anyway; notebook functions do count.
+    return not (
+        isinstance(obj, (types.FunctionType, types.BuiltinFunctionType))
+        and import_record("", obj) is not None
+    )
+
+
 def _dump(names: list[str], obj: Any, namespace: dict[str, Any], storages: dict) -> _Pickled:
     data, p = _pickler.dumps(obj, namespace, storages)
-    shared = {i for i, (_, o) in p.memo.copy().items() if not isinstance(o, _NO_IDENTITY)}
-    return _Pickled(names, data, p.buffers, p.modules, p.devices, shared)
+    value_types = _value_types()
+    reached = [o for _, o in p.memo.copy().values() if _has_identity(o, value_types)]
+    shared = {id(o) for o in reached}
+    return _Pickled(names, data, p.buffers, p.modules, p.devices, shared, reached)
 
 
 def _join_sharing(singles: list[_Pickled]) -> list[list[_Pickled]]:
@@ -171,6 +203,7 @@ def capture(
     def place(buffer: Any) -> list[Any]:
         if buffer.nbytes > PACK_MAX:
             return [writer.add_segment(buffer), 0, buffer.nbytes]
+        pack.extend(bytes(-len(pack) % PACK_ALIGN))
         ref = [None, len(pack), buffer.nbytes]
         pack.extend(buffer)
         pack_refs.append(ref)

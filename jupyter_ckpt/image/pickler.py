@@ -72,12 +72,17 @@ def _set_function_state(func: types.FunctionType, state: tuple[dict, dict]) -> N
         setattr(func, key, value)
 
 
-def _rebuild_view(base: Any, offset: int, shape: tuple, strides: tuple, dtype: Any) -> Any:
+def _rebuild_view(
+    base: Any, offset: int, shape: tuple, strides: tuple, dtype: Any, writeable: bool = True
+) -> Any:
     import numpy as np
 
     # An F-ordered base exports its buffer through its (C-ordered) transpose: same memory.
     buffer = base if base.flags.c_contiguous else base.T
-    return np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
+    view = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
+    if not writeable:  # e.g. broadcast_to and diagonal views: writes must keep failing
+        view.flags.writeable = False
+    return view
 
 
 class _StorageRef:
@@ -178,19 +183,26 @@ class CkptPickler(cloudpickle.Pickler):
     def _reduce_ndarray(self, arr: Any) -> Any:
         if arr.base is None or arr.dtype.hasobject:
             return NotImplemented  # owners go through numpy's own (out-of-band) reduce
+        # The outermost ndarray of the chain: its own base may be foreign memory (a restored
+        # array's base is the segment it was read into), which then travels with it.
         base = arr.base
-        while type(base) is type(arr) and base.base is not None:
+        while type(base) is type(arr) and type(base.base) is type(arr):
             base = base.base
         if type(base) is not type(arr) or base.dtype.hasobject:
             return NotImplemented  # a view of foreign memory: saved as a copy
+        if not (base.flags.c_contiguous or base.flags.f_contiguous):
+            return NotImplemented  # no single buffer to rebuild the view from
         offset = arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-        return _rebuild_view, (base, offset, arr.shape, arr.strides, arr.dtype)
+        args = (base, offset, arr.shape, arr.strides, arr.dtype)
+        return _rebuild_view, args if arr.flags.writeable else (*args, False)
 
     def _reduce_tensor(self, tensor: Any) -> Any:
         import torch
 
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
             return NotImplemented
+        if tensor.is_conj() or tensor.is_neg():
+            return NotImplemented  # lazy conj/neg views: torch's own reduce keeps the bits
         requires_grad = tensor.requires_grad
         tensor = tensor.detach()
         device = devices.device_ops.device_of(tensor)

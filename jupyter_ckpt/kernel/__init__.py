@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .. import image
-from ..store import ImageStore
+from ..store import ImageStore, check_ref
 from .state import apply_kernel_facts, kernel_facts, kernel_id, user_variables
 
 
@@ -45,11 +45,13 @@ class KernelSession:
 
     def save(self, name: str | None = None) -> dict[str, Any]:
         started = time.perf_counter()
+        # A name is looked up later like an id, so it obeys the same rules (no paths).
+        name = check_ref(name, "image name") if name else _default_name()
         manifest = image.capture(
             user_variables(self.shell),
             self.shell.user_ns,
             self.store.writer(),
-            name=name or _default_name(),
+            name=name,
             exclude=self.excluded,
             kernel=kernel_facts(self.shell),
             parent=self.last_image,

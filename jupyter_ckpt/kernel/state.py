@@ -73,6 +73,13 @@ def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
     for key in env.get("unset", []):
         os.environ.pop(key, None)
     history = facts.get("history")
+    if history or facts.get("execution_count"):
+        # The saved line numbers may already be taken in this kernel's history database
+        # session; IPython would then print an error on the next cell. Continue in a new one.
+        manager = shell.history_manager
+        if manager.session_number:
+            manager.end_session()
+            manager.new_session()
     if history:
         # In-place: the namespace's `In` is the same list object as input_hist_parsed.
         shell.history_manager.input_hist_raw[:] = history["raw"]

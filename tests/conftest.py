@@ -1,0 +1,51 @@
+"""Fixtures: real ipykernel processes on a private store.
+
+Kernels are expensive on a small machine, so test modules share them (module scope): one
+kernel writes the images of a module, a second, fresh one restores them. Each module gets
+its own store and a signing secret that lives outside the store, as in production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from harness import Kernel, Paths
+
+from jupyter_ckpt.store import ImageStore
+
+
+@pytest.fixture(scope="module")
+def ckpt_paths(tmp_path_factory: pytest.TempPathFactory) -> Paths:
+    """One store and secret per test module; the secret is outside the store directory."""
+    return Paths(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture(scope="module")
+def start_kernel(ckpt_paths: Paths) -> Iterator[Callable[..., Kernel]]:
+    """Start kernels on the module's store (with jupyter_ckpt loaded); all stop at the end."""
+    started: list[Kernel] = []
+
+    def start(cwd: Path | None = None) -> Kernel:
+        kernel = Kernel(ckpt_paths, cwd)
+        started.append(kernel)
+        kernel.run("%load_ext jupyter_ckpt")
+        return kernel
+
+    yield start
+    for kernel in started:
+        if kernel.manager.has_kernel:
+            kernel.shutdown()
+
+
+@pytest.fixture(scope="module")
+def kernel_store(ckpt_paths: Paths) -> ImageStore:
+    """The store of the module's kernels, opened in the test process."""
+    return ImageStore(url=str(ckpt_paths.store), secret_file=str(ckpt_paths.secret))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ImageStore:
+    """A private store for one in-process test."""
+    return ImageStore(url=str(tmp_path / "store"), secret_file=str(tmp_path / "keys" / "secret"))

@@ -1,0 +1,128 @@
+"""Helpers for the image tests: real ipykernel processes driven through jupyter_client,
+and in-process saves and loads on a store."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.manager import KernelManager, start_new_kernel
+
+from jupyter_ckpt import image
+from jupyter_ckpt.store import ImageStore, chunk_path
+
+TESTS_DIR = Path(__file__).resolve().parent
+EXEC_TIMEOUT = 120
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class KernelError(AssertionError):
+    """A cell raised in the kernel; the message carries the kernel's traceback."""
+
+
+@dataclass
+class Paths:
+    """Where one test module keeps its store, secret and kernel working directories."""
+
+    root: Path
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
+
+    @property
+    def secret(self) -> Path:
+        return self.root / "keys" / "secret"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "JUPYTER_CKPT_STORE": str(self.store),
+            "JUPYTER_CKPT_SECRET_FILE": str(self.secret),
+            "IPYTHONDIR": str(self.root / "ipython"),
+            # so kernels can import the test stand-ins (fake_devices)
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p
+            ),
+        }
+
+
+class Kernel:
+    """A running ipykernel and a blocking client to talk to it."""
+
+    def __init__(self, paths: Paths, cwd: Path | None = None) -> None:
+        self.paths = paths
+        workdir = cwd or paths.root / "cwd"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.manager: KernelManager
+        self.manager, self.client = start_new_kernel(
+            kernel_name="python3", env=paths.env(), cwd=str(workdir), startup_timeout=120
+        )
+        self.last_execution_count: int | None = None
+
+    def run(self, code: str, timeout: float = EXEC_TIMEOUT) -> str:
+        """Execute a cell; return its stdout (and result text). Raise with the traceback."""
+        out: list[str] = []
+        error: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream" and content["name"] == "stdout":
+                out.append(content["text"])
+            elif kind == "execute_result":
+                out.append(content["data"].get("text/plain", "") + "\n")
+            elif kind == "error":
+                error.append(_ANSI.sub("", "\n".join(content["traceback"])))
+
+        reply = self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
+        self.last_execution_count = reply["content"].get("execution_count")
+        if reply["content"]["status"] != "ok":
+            raise KernelError(f"cell failed:\n{code}\n--- traceback ---\n" + "\n".join(error))
+        return "".join(out)
+
+    def eval(self, expr: str) -> Any:
+        """The JSON value of an expression in the kernel (non-JSON values become repr)."""
+        return json.loads(self.run(f"print(__import__('json').dumps({expr}, default=repr))"))
+
+    def falsy(self, *conditions: str) -> list[str]:
+        """The expressions that are not true in the kernel."""
+        listing = ", ".join(f"bool({c})" for c in conditions)
+        results = self.eval(f"[{listing}]")
+        return [c for c, ok in zip(conditions, results, strict=True) if not ok]
+
+    def check(self, *conditions: str) -> None:
+        """Assert that each expression is true in the kernel, naming the ones that are not."""
+        failed = self.falsy(*conditions)
+        assert not failed, f"false in the kernel: {failed}"
+
+    def ckpt(self, line: str) -> str:
+        return self.run(f"%ckpt {line}")
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+def save_namespace(
+    store: ImageStore, namespace: dict[str, Any], name: str = "test"
+) -> dict[str, Any]:
+    """Capture every variable of ``namespace`` (as a kernel would); return the manifest."""
+    return image.capture(dict(namespace), namespace, store.writer(), name=name)
+
+
+def load_namespace(store: ImageStore, ref: str) -> dict[str, Any]:
+    """Restore an image into a fresh namespace; every variable must come back."""
+    manifest = store.open(ref)
+    namespace: dict[str, Any] = {}
+    report = image.restore(manifest, store.read_segments(manifest), namespace)
+    assert report.missing == {}
+    return namespace
+
+
+def chunk_files(manifest: dict[str, Any]) -> set[str]:
+    """The store paths of an image's chunks."""
+    return {chunk_path(d) for s in manifest["segments"] for d, _ in s["chunks"]}

@@ -1,0 +1,370 @@
+"""`jupyter ckpt` as users run it: the real entry point in a subprocess, on a private store.
+
+Images are written in-process with the library (fast, no kernel needed); every command
+then runs as ``jupyter ckpt ...`` with its own Jupyter dirs, so no config or store of the
+machine leaks in. Nothing here unpickles an image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jupyter_ckpt import image
+from jupyter_ckpt.store import ImageStore, chunk_path, manifest_path
+
+JUPYTER = str(Path(sys.executable).with_name("jupyter"))
+COMMANDS = ("list", "show", "verify", "rm", "gc", "export", "import")
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+class Site:
+    """One private Jupyter setup: config dir, store and secret under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.store_dir = root / "store"
+        self.secret = root / "keys" / "secret"
+        self.config_dir = root / "config"
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "IPYTHON"))}
+        env.update(
+            HOME=str(self.root / "home"),
+            JUPYTER_CONFIG_DIR=str(self.config_dir),
+            JUPYTER_DATA_DIR=str(self.root / "data"),
+            JUPYTER_RUNTIME_DIR=str(self.root / "runtime"),
+            JUPYTER_CKPT_STORE=str(self.store_dir),
+            JUPYTER_CKPT_SECRET_FILE=str(self.secret),
+        )
+        env.update(overrides)
+        return env
+
+    def store(self, store_dir: Path | None = None, secret: Path | None = None) -> ImageStore:
+        return ImageStore(
+            url=str(store_dir or self.store_dir), secret_file=str(secret or self.secret)
+        )
+
+    def save(self, name: str, **variables: Any) -> dict[str, Any]:
+        """Write an image of ``variables``; return its manifest."""
+        return image.capture(variables, dict(variables), self.store().writer(), name=name)
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Site:
+    return Site(tmp_path)
+
+
+@pytest.fixture
+def ckpt(site: Site) -> Run:
+    """Run ``jupyter ckpt ARGS`` on the site's store; ``env`` entries override."""
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [JUPYTER, "ckpt", *args],
+            env=site.env(**env),
+            cwd=site.root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    return run
+
+
+def files(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes, to show that a command changed nothing."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def chunk_files(site: Site, manifest: dict[str, Any]) -> set[Path]:
+    return {
+        site.store_dir / chunk_path(digest)
+        for s in manifest["segments"]
+        for digest, _ in s["chunks"]
+    }
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr}"
+    return result.stdout
+
+
+def failed(result: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
+    """Assert a clean failure: the exit code, nothing on stdout, one stderr line naming
+    the cause, no traceback."""
+    assert result.returncode == code, f"exit {result.returncode}: {result.stdout}{result.stderr}"
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for word in words:
+        assert word in lines[0]
+    return lines[0]
+
+
+# -- usage ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_help_exits_0_and_shows_usage(ckpt: Run, command: str) -> None:
+    out = ok(ckpt(*filter(None, [command, "--help"])))
+    assert out.startswith(f"Usage: jupyter ckpt {command or 'COMMAND'}")
+    assert "--store=" in out
+
+
+def test_app_help_lists_every_command(ckpt: Run) -> None:
+    out = ok(ckpt("--help"))
+    assert all(f"\n{command}\n" in out for command in COMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("args", "cause"),
+    [
+        ((), "no command given"),
+        (("bogus",), "unknown command 'bogus'"),
+        (("show",), "expected ID, got nothing"),
+        (("export", "abc123"), "expected ID FILE, got abc123"),
+        (("list", "extra"), "expected no arguments, got extra"),
+        (("list", "--jsn"), "--jsn"),
+        (("gc", "--grase=0"), "unrecognized option --grase"),
+        (("gc", "--grace=-1"), "should not be less than 0"),
+        (("gc", "--grace=soon"), "expected a float"),
+        (("show", "../../etc/passwd"), "invalid image name or id '../../etc/passwd'"),
+        (("rm", "/tmp"), "invalid image name or id '/tmp'"),
+    ],
+)
+def test_bad_usage_exits_2(ckpt: Run, args: tuple[str, ...], cause: str) -> None:
+    failed(ckpt(*args), 2, cause, "--help")
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def test_list_empty_store(ckpt: Run, site: Site) -> None:
+    assert ok(ckpt("list")).strip() == f"No images in {site.store_dir}"
+    assert json.loads(ok(ckpt("list", "--json"))) == []
+
+
+def test_list_newest_first(ckpt: Run, site: Site) -> None:
+    older = site.save("older", x=1)
+    newer = site.save("newer", x=2, y="two")
+    lines = ok(ckpt("list")).splitlines()
+    assert [line.split()[0] for line in lines] == [newer["id"][:12], older["id"][:12]]
+    assert lines[0].endswith("2 vars  newer")
+    entries = json.loads(ok(ckpt("list", "--json")))
+    assert [(e["id"], e["name"], e["saved_variables"]) for e in entries] == [
+        (newer["id"], "newer", 2),
+        (older["id"], "older", 1),
+    ]
+
+
+@pytest.mark.parametrize("ref", ["name", "prefix", "id"])
+def test_show_by_name_prefix_or_id(ckpt: Run, site: Site, ref: str) -> None:
+    manifest = site.save("session", weights=[1.5] * 10, label="run 7")
+    given = {"name": "session", "prefix": manifest["id"][:8], "id": manifest["id"]}[ref]
+    out = ok(ckpt("show", given))
+    assert out.startswith(f"Image {manifest['id']}  'session'")
+    assert "weights" in out
+    assert "label" in out
+
+
+def test_show_json_has_variables_without_layout(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", n=3)
+    shown = json.loads(ok(ckpt("show", manifest["id"], "--json")))
+    assert shown["id"] == manifest["id"]
+    assert [(v["name"], v["status"]) for v in shown["variables"]] == [("n", "saved")]
+    assert "segments" not in shown
+    assert "groups" not in shown
+
+
+def test_unknown_id_exits_1(ckpt: Run, site: Site) -> None:
+    site.save("session", n=3)
+    failed(ckpt("show", "deadbeef"), 1, "no image", "'deadbeef'", str(site.store_dir))
+
+
+def test_ambiguous_prefix_exits_1(ckpt: Run, site: Site) -> None:
+    image_id = site.save("session", n=3)["id"]
+    twin = image_id[:4] + ("0" if image_id[4] != "0" else "1") * 28
+    shutil.copytree(site.store_dir / "images" / image_id, site.store_dir / "images" / twin)
+    failed(ckpt("show", image_id[:4]), 1, f"'{image_id[:4]}' matches 2 images")
+
+
+# -- verify --------------------------------------------------------------------------------
+
+
+def test_verify_ok_with_counts(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", a=b"x" * 100_000, b=list(range(10)))
+    chunks = chunk_files(site, manifest)
+    line = ok(ckpt("verify", "session")).strip()
+    assert line.startswith(f"OK {manifest['id']} 'session': signature valid, {len(chunks)} chunks")
+    assert f"in {len(manifest['segments'])} segments match their hashes, 2 variables" in line
+
+
+def test_verify_tampered_chunk_exits_1(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", a=b"x" * 100_000)
+    victim = sorted(chunk_files(site, manifest))[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    failed(ckpt("verify", manifest["id"]), 1, f"chunk {victim.name} was altered")
+
+
+def test_verify_missing_chunk_exits_1(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", a=b"x" * 100_000)
+    victim = sorted(chunk_files(site, manifest))[0]
+    victim.unlink()
+    failed(ckpt("verify", manifest["id"]), 1, f"chunk {victim.name} is missing")
+
+
+def test_verify_tampered_manifest_exits_1(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", a=1)
+    path = site.store_dir / manifest_path(manifest["id"])
+    sealed = json.loads(path.read_bytes())
+    sealed["manifest"]["variables"][0]["name"] = "evil"
+    path.write_text(json.dumps(sealed))
+    failed(ckpt("verify", manifest["id"]), 1, "manifest was altered (signature mismatch)")
+    assert "INVALID: " in ok(ckpt("list"))
+    [entry] = json.loads(ok(ckpt("list", "--json")))
+    assert entry["id"] == manifest["id"]
+    assert "signature mismatch" in entry["error"]
+
+
+def test_wrong_secret_exits_1(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", a=1)
+    other = site.root / "other-keys" / "secret"
+    site.store(secret=other)  # creates a second secret
+    failed(
+        ckpt("verify", manifest["id"], JUPYTER_CKPT_SECRET_FILE=str(other)),
+        1,
+        "signed with a different secret",
+    )
+
+
+# -- removing ------------------------------------------------------------------------------
+
+
+def test_rm_then_list(ckpt: Run, site: Site) -> None:
+    kept = site.save("kept", a=1)
+    gone = site.save("gone", a=2)
+    assert ok(ckpt("rm", gone["id"][:8])).strip() == f"Deleted image {gone['id']}"
+    listed = ok(ckpt("list"))
+    assert kept["id"][:12] in listed
+    assert gone["id"][:12] not in listed
+    failed(ckpt("show", gone["id"]), 1, "no image")
+
+
+def test_rm_removes_an_image_that_fails_verification(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", a=1)
+    path = site.store_dir / manifest_path(manifest["id"])
+    path.write_text(path.read_text().replace('"session"', '"altered"'))
+    ok(ckpt("rm", manifest["id"]))
+    assert ok(ckpt("list")).startswith("No images")
+
+
+def test_gc_removes_only_orphaned_chunks(ckpt: Run, site: Site) -> None:
+    kept = site.save("kept", a=b"k" * 200_000)
+    gone = site.save("gone", a=b"g" * 200_000)
+    orphans = chunk_files(site, gone) - chunk_files(site, kept)
+    assert orphans
+    ok(ckpt("rm", "gone"))
+
+    # The default grace keeps chunks this young: a writer elsewhere may still need them.
+    assert ok(ckpt("gc")).startswith("Removed 0 unreferenced chunk files")
+    assert all(p.exists() for p in orphans)
+
+    freed = sum(p.stat().st_size for p in orphans)
+    out = ok(ckpt("gc", "--grace=0"))
+    assert out.startswith(f"Removed {len(orphans)} unreferenced chunk files")
+    assert f"freed {freed / 1024:.1f} KiB" in out
+    assert not any(p.exists() for p in orphans)
+    assert all(p.exists() for p in chunk_files(site, kept))
+    ok(ckpt("verify", "kept"))
+
+
+# -- moving between stores -----------------------------------------------------------------
+
+
+def test_export_then_import_into_a_second_store(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", a=b"e" * 300_000, b={"k": [1, 2]})
+    tar = site.root / "session.tar"
+    out = ok(ckpt("export", "session", str(tar)))
+    assert out.strip() == f"Exported image {manifest['id']} to {tar}"
+
+    second = str(site.root / "second")
+    out = ok(ckpt("import", str(tar), JUPYTER_CKPT_STORE=second))
+    assert out.strip() == f"Imported image {manifest['id']} from {tar}"
+    ok(ckpt("verify", manifest["id"], JUPYTER_CKPT_STORE=second))
+    shown = json.loads(ok(ckpt("show", "session", "--json", JUPYTER_CKPT_STORE=second)))
+    assert shown == json.loads(ok(ckpt("show", "session", "--json")))
+
+
+def test_import_with_another_secret_is_refused_and_writes_nothing(ckpt: Run, site: Site) -> None:
+    site.save("session", a=b"e" * 300_000)
+    tar = site.root / "session.tar"
+    ok(ckpt("export", "session", str(tar)))
+    second, other = site.root / "second", site.root / "other-keys" / "secret"
+    site.store(second, other).writer().commit({"name": "theirs", "variables": []})
+    before = files(second)
+
+    env = {"JUPYTER_CKPT_STORE": str(second), "JUPYTER_CKPT_SECRET_FILE": str(other)}
+    failed(ckpt("import", str(tar), **env), 1, "signed with a different secret")
+    assert files(second) == before
+
+
+def test_export_of_a_corrupt_image_writes_no_file(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", a=b"x" * 100_000)
+    sorted(chunk_files(site, manifest))[0].write_bytes(b"not the chunk")
+    tar = site.root / "session.tar"
+    failed(ckpt("export", "session", str(tar)), 1, "was altered")
+    assert not tar.exists()
+
+
+def test_import_of_a_file_that_is_no_export_exits_1(ckpt: Run, site: Site) -> None:
+    bogus = site.root / "notes.txt"
+    bogus.write_text("hello")
+    failed(ckpt("import", str(bogus)), 1)
+    failed(ckpt("import", str(site.root / "missing.tar")), 1, "No such file")
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["json", "py"])
+def test_store_from_the_server_config_file(ckpt: Run, site: Site, kind: str) -> None:
+    """`ImageStore.url` set for the server is the CLI's store too, ahead of the env var."""
+    manifest = site.save("session", a=1)
+    site.config_dir.mkdir()
+    config = {
+        "json": json.dumps({"ImageStore": {"url": str(site.store_dir)}}),
+        "py": f"c.ImageStore.url = {str(site.store_dir)!r}\nc.ServerApp.port = 9999\n",
+    }[kind]
+    (site.config_dir / f"jupyter_server_config.{kind}").write_text(config)
+    elsewhere = str(site.root / "elsewhere")
+    assert manifest["id"][:12] in ok(ckpt("list", JUPYTER_CKPT_STORE=elsewhere))
+
+
+@pytest.mark.parametrize("option", ["--store", "--ImageStore.url"])
+def test_store_option_beats_config_and_env(ckpt: Run, site: Site, option: str) -> None:
+    manifest = site.save("session", a=1)
+    site.config_dir.mkdir()
+    elsewhere = str(site.root / "elsewhere")
+    (site.config_dir / "jupyter_server_config.json").write_text(
+        json.dumps({"ImageStore": {"url": elsewhere}})
+    )
+    out = ok(ckpt("show", "session", f"{option}={site.store_dir}", JUPYTER_CKPT_STORE=elsewhere))
+    assert manifest["id"] in out
+
+
+def test_bad_store_setting_exits_1(ckpt: Run) -> None:
+    failed(ckpt("list", "--ImageStore.io_threads=many"), 1, "bad store configuration", "many")
+    failed(ckpt("list", "--store=nosuchproto://bucket"), 1, "cannot open the store")
+    failed(ckpt("list", "--store="), 1, "ImageStore.url is empty")

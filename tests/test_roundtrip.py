@@ -1,0 +1,428 @@
+"""Save a rich namespace with `%ckpt save` in one kernel, restore it in a fresh one.
+
+Kernel A builds the state cell by cell and saves it once; kernel B restores it once. Values
+are compared by evaluating the same probe expressions in both kernels (A right after the
+save, B right after the restore, before any test mutates anything); identities and
+behaviour are asserted in B, where they can only hold if the restore kept them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from harness import Kernel
+
+CELLS: dict[str, str] = {
+    "plain": """
+i, f, s, by, c, none, flag = 42, 2.5, "héllo", b"\\x00\\xff", 3 + 4j, None, True
+big_int = 2 ** 100
+nested = {"a": [1, 2, {"b": (3, 4)}], "s": {5, 6}, "fs": frozenset({7}), "t": (1, [2])}
+""",
+    "collections": """
+import collections, math
+from collections import OrderedDict, defaultdict, Counter, deque, namedtuple
+from math import sqrt
+from os.path import join
+od = OrderedDict([("z", 1), ("a", 2)])
+dd = defaultdict(lambda: "missing")
+dd["x"] = "y"
+def make_list():
+    return [0]
+dd2 = defaultdict(make_list)
+dd2["k"].append(1)
+cnt = Counter("abracadabra")
+dq = deque([1, 2, 3], maxlen=5)
+Point = namedtuple("Point", "x y")
+pt = Point(1, 2)
+cyc = [1]
+cyc.append(cyc)
+selfd = {}
+selfd["me"] = selfd
+a = [1, 2, 3]
+b = a
+shared = {"k": 1}
+box1 = [shared]
+box2 = {"v": shared}
+""",
+    "code": """
+import dataclasses, enum
+from dataclasses import dataclass, field
+from typing import NamedTuple
+SCALE = 2
+OFFSET = 1
+def scale(x):
+    return x * SCALE
+def shifted(x):
+    return x + OFFSET
+sq = lambda x: x * x
+def make_counter():
+    n = 0
+    def inc():
+        nonlocal n
+        n += 1
+        return n
+    return inc
+counter = make_counter()
+counter(); counter()
+class Animal:
+    kind = "generic"
+    def __init__(self, name):
+        self.name = name
+    def speak(self):
+        return f"{self.name} says {self.sound()}"
+    def sound(self):
+        return "..."
+class Dog(Animal):
+    def sound(self):
+        return "woof"
+rex = Dog("rex")
+@dataclass
+class Cfg:
+    lr: float = 0.1
+    layers: list = field(default_factory=list)
+cfg = Cfg(0.01, [1, 2])
+class Color(enum.Enum):
+    RED = 1
+    GREEN = 2
+fav = Color.GREEN
+class Pair(NamedTuple):
+    left: int
+    right: int = 0
+pair = Pair(1)
+""",
+    "numpy": """
+import numpy as np
+DTYPES = ["int8", "uint16", "int32", "int64", "float16", "float32", "float64",
+          "complex64", "complex128", "bool"]
+arrs = {dt: (np.arange(24) % 7).astype(dt).reshape(4, 6) for dt in DTYPES}
+obj_arr = np.array([1, "two", None, [3]], dtype=object)
+struct = np.array([(1, 2.5, b"ab"), (3, 4.5, b"cd")],
+                  dtype=[("i", "i4"), ("f", "f8"), ("s", "S2")])
+dt64 = np.array(["2024-01-01T12:00", "2025-06-30T00:00", "NaT"], dtype="datetime64[m]")
+td64 = np.array([1, 2, 3], dtype="timedelta64[s]")
+ustr = np.array(["ab", "cdé"])
+fortran = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+big = np.arange(1_000_000, dtype=np.float64)
+view = big[10:20]
+rev = big[::-1]
+wbig = np.arange(300_000, dtype=np.int64)
+wview = wbig[100:200:2]
+bigF = np.asfortranarray(np.arange(400 * 500, dtype=np.float32).reshape(400, 500))
+bigF_view = bigF[:, 1:3]
+rng = np.random.default_rng(123)
+rng.random(3)
+""",
+    "pandas_scipy_sklearn": """
+import pandas as pd
+import scipy.sparse
+from sklearn.ensemble import RandomForestClassifier
+df = pd.DataFrame({
+    "cat": pd.Categorical(["a", "b", "a"], categories=["a", "b", "c"]),
+    "ts": pd.date_range("2024-03-30", periods=3, freq="D", tz="Europe/Paris"),
+    "x": [1.0, 2.5, None],
+})
+mi = pd.DataFrame({"v": range(4)},
+                  index=pd.MultiIndex.from_product([["a", "b"], [1, 2]], names=["l", "n"]))
+spm = scipy.sparse.random(60, 40, density=0.1, format="csr", random_state=0)
+spc = scipy.sparse.coo_matrix(([1.0, 2.0], ([0, 3], [1, 2])), shape=(5, 5))
+_X = np.random.default_rng(0).normal(size=(80, 4))
+Xs, ys = _X, (_X[:, 0] + _X[:, 1] > 0).astype(int)
+clf = RandomForestClassifier(n_estimators=5, random_state=0).fit(Xs, ys)
+""",
+    "torch": """
+import torch
+torch.manual_seed(0)
+t_bf16 = torch.randn(4, 4).to(torch.bfloat16)
+t_int = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.Adam(model.parameters(), lr=0.1)
+x = torch.randn(8, 4)
+def step():
+    opt.zero_grad()
+    model(x).pow(2).sum().backward()
+    opt.step()
+    return model.weight.detach().tolist()
+step()
+base_t = torch.arange(100_000, dtype=torch.float32)
+view_t = base_t[2:5]
+""",
+    "unsaveable": """
+import os, socket, threading
+gen = (n for n in range(3))
+fh = open("notes.txt", "w")
+lock = threading.Lock()
+sock = socket.socket()
+scratch = "left out"
+keep_me = "included again"
+""",
+    "kernel_state": """
+os.makedirs("work/sub", exist_ok=True)
+os.chdir("work/sub")
+os.environ["CKPT_TEST_SETTING"] = "on"
+""",
+}
+
+UNSAVEABLE = {
+    "gen": "TypeError: cannot pickle 'generator' object",
+    "fh": "PicklingError: Cannot pickle files that are not opened for reading: w",
+    "lock": "TypeError: cannot pickle '_thread.lock' object",
+    "sock": "TypeError: cannot pickle 'socket' object",
+}
+
+# Fingerprints of arrays: dtype, shape, memory order and the exact bytes.
+PROBE_PRELUDE = """
+def _fp(a):
+    import hashlib
+    import numpy as np
+    a = np.asarray(a)
+    if a.dtype.hasobject:
+        return repr(a.tolist())
+    data = hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+    return [a.dtype.str, list(a.shape), bool(a.flags.f_contiguous),
+            bool(a.flags.c_contiguous), data]
+"""
+
+# Evaluated in A after the save and in B after the restore: the results must be equal.
+PROBES: dict[str, list[str]] = {
+    "plain": ["[repr(v) for v in (i, f, s, by, c, none, flag, big_int)]", "repr(nested)"],
+    "collections": [
+        "repr(od)", "sorted(dd.items())", "dict(dd2)", "repr(cnt)", "repr(dq)", "repr(pt)",
+    ],
+    "code": ["[scale(3), sq(4), rex.speak(), repr(cfg), repr(fav), repr(pair)]"],
+    "numpy": [
+        "{k: _fp(v) for k, v in arrs.items()}",
+        "[_fp(v) for v in (obj_arr, struct, dt64, td64, ustr, fortran, big, view, rev)]",
+        "[_fp(v) for v in (wbig, wview, bigF, bigF_view)]",
+        "rng.random(3).tolist()",
+    ],
+    "pandas_scipy_sklearn": [
+        "repr(df)", "df.dtypes.astype(str).to_dict()", "repr(mi)",
+        "[spm.format, spm.nnz, _fp(spm.toarray()), spc.format, _fp(spc.toarray())]",
+        "clf.predict_proba(Xs).tolist()",
+    ],
+    "torch": [
+        "[str(t_bf16.dtype), t_bf16.view(torch.int16).tolist(), t_int.tolist()]",
+        "{k: v.tolist() for k, v in model.state_dict().items()}",
+        "step()",
+    ],
+}  # fmt: skip
+
+# True in B only if identities, types and behaviour came back. They must not change state:
+# they run right after the restore, before the probes.
+TRUTHS: dict[str, list[str]] = {
+    "collections": [
+        "b is a", "box1[0] is box2['v']", "box1[0] is shared", "cyc[1] is cyc",
+        "selfd['me'] is selfd", "type(od) is OrderedDict", "list(od) == ['z', 'a']",
+        "dd.default_factory() == 'missing'", "dd2.default_factory is make_list",
+        "isinstance(pt, Point) and pt.x == 1", "cnt.most_common(1) == [('a', 5)]",
+        "dq.maxlen == 5", "type(nested['fs']) is frozenset",
+    ],
+    "imports": [
+        "sqrt is math.sqrt", "join is __import__('os').path.join",
+        "OrderedDict is collections.OrderedDict", "np is __import__('sys').modules['numpy']",
+        "namedtuple is collections.namedtuple", "field is dataclasses.field",
+    ],
+    "code": [
+        "type(rex) is Dog", "isinstance(rex, Animal)", "rex.speak() == 'rex says woof'",
+        "Dog.kind == 'generic'", "counter.__closure__[0].cell_contents == 2",
+        "make_counter()() == 1",
+        "dataclasses.is_dataclass(cfg)", "cfg == Cfg(0.01, [1, 2])", "Cfg().layers == []",
+        "fav is Color.GREEN", "Color(2) is fav", "isinstance(fav, enum.Enum)",
+        "pair == Pair(1, 0)", "isinstance(pair, Pair)", "pair._replace(right=5).right == 5",
+    ],
+    "numpy": [
+        "np.shares_memory(view, big)", "np.shares_memory(rev, big)",
+        "np.shares_memory(bigF_view, bigF)", "np.shares_memory(wview, wbig)",
+        "fortran.flags.f_contiguous and not fortran.flags.c_contiguous",
+        "bigF.flags.f_contiguous", "struct.dtype.names == ('i', 'f', 's')",
+        "obj_arr[3] == [3] and obj_arr[2] is None", "arrs['float16'].dtype == np.float16",
+        "isinstance(rng, np.random.Generator)", "big.flags.writeable",
+    ],
+    "pandas_scipy_sklearn": [
+        "isinstance(df['cat'].dtype, pd.CategoricalDtype)",
+        "df['cat'].cat.categories.tolist() == ['a', 'b', 'c']",
+        "str(df['ts'].dt.tz) == 'Europe/Paris'", "mi.index.names == ['l', 'n']",
+        "int(mi.loc[('b', 2), 'v']) == 3", "scipy.sparse.issparse(spm)",
+        "(clf.predict(Xs) == ys).mean() > 0.9",
+    ],
+    "torch": [
+        "opt.param_groups[0]['params'][0] is model.weight",
+        "opt.param_groups[0]['params'][1] is model.bias",
+        "isinstance(model.weight, torch.nn.Parameter) and model.weight.requires_grad",
+        "int(opt.state[model.weight]['step']) == 1",
+        "opt.state[model.weight]['exp_avg'].shape == model.weight.shape",
+        "view_t.untyped_storage().data_ptr() == base_t.untyped_storage().data_ptr()",
+        "view_t.storage_offset() == 2", "t_bf16.dtype == torch.bfloat16",
+    ],
+}  # fmt: skip
+
+
+@dataclass
+class RoundTrip:
+    kernel: Kernel
+    save_output: str
+    restore_output: str
+    saved_probes: dict[str, list[Any]]
+    restored_probes: dict[str, list[Any]]
+    truths_in_a: list[str]
+    truths_in_b: dict[str, list[str]]
+    save_count: int
+    count_after_restore: int
+    saved_cwd: str
+    saved_history: list[str]
+
+
+def probe_all(kernel: Kernel) -> dict[str, list[Any]]:
+    kernel.run(PROBE_PRELUDE)
+    return {topic: [kernel.eval(e) for e in exprs] for topic, exprs in PROBES.items()}
+
+
+@pytest.fixture(scope="module")
+def rt(start_kernel, ckpt_paths) -> RoundTrip:
+    """Kernel A builds and saves the state, then stops; kernel B restores it."""
+    a = start_kernel(cwd=ckpt_paths.root / "cwd-a")
+    for code in CELLS.values():
+        a.run(code)
+    truths_in_a = a.falsy(*(t for truths in TRUTHS.values() for t in truths))
+    a.ckpt("exclude scratch keep_me")
+    a.ckpt("include keep_me")
+    save_output = a.ckpt("save rt")
+    save_count = a.last_execution_count
+    assert save_count is not None
+    saved_cwd = a.eval("__import__('os').getcwd()")
+    saved_history = a.eval(f"In[:{save_count + 1}]")
+    saved_probes = probe_all(a)
+    a.shutdown()
+
+    b = start_kernel(cwd=ckpt_paths.root / "cwd-b")
+    restore_output = b.ckpt("restore rt")
+    b.run("pass")
+    count_after_restore = b.last_execution_count
+    assert count_after_restore is not None
+    truths_in_b = {topic: b.falsy(*truths) for topic, truths in TRUTHS.items()}
+    b.ckpt("save rt2")  # the restored state, untouched yet, for the second generation
+    return RoundTrip(
+        b, save_output, restore_output, saved_probes, probe_all(b), truths_in_a, truths_in_b,
+        save_count, count_after_restore, saved_cwd, saved_history,
+    )  # fmt: skip
+
+
+@dataclass
+class SecondGeneration:
+    kernel: Kernel
+    probes: dict[str, list[Any]]
+    falsy: list[str]
+
+
+@pytest.fixture(scope="module")
+def gen2(rt: RoundTrip, start_kernel, ckpt_paths) -> SecondGeneration:
+    """Kernel C restores the image that B wrote right after its own restore."""
+    c = start_kernel(cwd=ckpt_paths.root / "cwd-c")
+    out = c.ckpt("restore rt2")
+    assert out.startswith("Restored"), out
+    falsy = c.falsy(*(t for truths in TRUTHS.values() for t in truths))
+    return SecondGeneration(c, probe_all(c), falsy)
+
+
+@pytest.mark.parametrize("topic", list(PROBES))
+def test_values_equal_after_restore(rt: RoundTrip, topic: str) -> None:
+    """The same expressions give the same results in the saving and the restored kernel."""
+    assert rt.restored_probes[topic] == rt.saved_probes[topic]
+
+
+def test_truths_hold_in_the_saving_kernel(rt: RoundTrip) -> None:
+    """The checks below are about the restore, not about wrong expectations."""
+    assert rt.truths_in_a == []
+
+
+@pytest.mark.parametrize("topic", list(TRUTHS))
+def test_identities_and_behaviour(rt: RoundTrip, topic: str) -> None:
+    assert rt.truths_in_b[topic] == [], "false after restore"
+
+
+def test_closure_keeps_counting(rt: RoundTrip) -> None:
+    assert rt.kernel.eval("[counter(), counter()]") == [3, 4]
+
+
+def test_restore_reports_every_variable(rt: RoundTrip) -> None:
+    """Everything saveable is back; the output names each variable that is not."""
+    assert "Restored" in rt.restore_output and "'rt'" in rt.restore_output
+    restored = rt.kernel.eval("sorted(k for k in globals() if not k.startswith('_'))")
+    missing = set(UNSAVEABLE) | {"scratch"}
+    for name in ["a", "rex", "big", "df", "clf", "model", "opt", "keep_me", "np", "sqrt"]:
+        assert name in restored
+    assert not missing & set(restored)
+    for name, reason in UNSAVEABLE.items():
+        assert f"  {name}: not saved: {reason}" in rt.restore_output
+    assert "  scratch: not saved: excluded with %ckpt exclude" in rt.restore_output
+
+
+def test_function_sees_later_global_change(rt: RoundTrip) -> None:
+    """Restored notebook functions read the kernel's globals, not a frozen copy."""
+    assert rt.kernel.eval("shifted(1)") == 2
+    rt.kernel.run("OFFSET = 5")
+    assert rt.kernel.eval("shifted(1)") == 6
+
+
+@pytest.mark.parametrize(
+    ("write", "read", "expected"),
+    [
+        ("view[0] = -1.0", "big[10]", -1.0),
+        ("wview[1] = -7", "wbig[102]", -7),
+        ("bigF_view[3, 0] = -2.0", "bigF[3, 1]", -2.0),
+        ("view_t[0] = 100.0", "base_t[2].item()", 100.0),
+    ],
+)
+def test_writes_through_views_reach_the_base(
+    rt: RoundTrip, write: str, read: str, expected: float
+) -> None:
+    rt.kernel.run(write)
+    assert rt.kernel.eval(f"float({read})") == expected
+
+
+def test_kernel_state_restored(rt: RoundTrip) -> None:
+    """cwd, a user-set environment variable, the execution count and `In` come back."""
+    k = rt.kernel
+    assert k.eval("__import__('os').getcwd()") == rt.saved_cwd
+    assert rt.saved_cwd.endswith("cwd-a/work/sub")
+    assert k.eval("__import__('os').environ.get('CKPT_TEST_SETTING')") == "on"
+    assert rt.count_after_restore == rt.save_count + 1
+    assert k.eval(f"In[:{rt.save_count + 1}]") == rt.saved_history
+    assert any("class Dog(Animal)" in cell for cell in rt.saved_history)
+
+
+def test_unsaveable_named_in_save_output(rt: RoundTrip) -> None:
+    lines = rt.save_output.splitlines()
+    assert lines[0].startswith("Saved ")
+    assert f"Not saved ({len(UNSAVEABLE)}):" in lines
+    for name, reason in UNSAVEABLE.items():
+        assert f"  {name}: {reason}" in lines
+    assert "Excluded: scratch" in lines
+
+
+def test_show_lists_lost_and_excluded(rt: RoundTrip) -> None:
+    shown = rt.kernel.ckpt("show rt").splitlines()
+    by_name = {line.split()[0]: line for line in shown if line.startswith("    ")}
+    for name, reason in UNSAVEABLE.items():
+        assert f"LOST: {reason}" in by_name[name]
+    assert "EXCLUDED: excluded with %ckpt exclude" in by_name["scratch"]
+    assert "import numpy" in by_name["np"]
+    assert "MiB" in by_name["big"]
+
+
+def test_exclusions_survive_restore(rt: RoundTrip) -> None:
+    """The restored kernel keeps the saved exclusions, so its next image also skips them."""
+    status = rt.kernel.ckpt("status")
+    assert "Excluded: scratch" in status.splitlines()
+
+
+@pytest.mark.parametrize("topic", list(PROBES))
+def test_second_generation_values(rt: RoundTrip, gen2: SecondGeneration, topic: str) -> None:
+    """An image saved by a restored kernel gives back the values the first one held."""
+    assert gen2.probes[topic] == rt.saved_probes[topic]
+
+
+def test_second_generation_identities(gen2: SecondGeneration) -> None:
+    assert gen2.falsy == []

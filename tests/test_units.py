@@ -1,0 +1,225 @@
+"""Pure parts of the library: import records, grouping by sharing, references, sizes, and
+the promise that the kernel side imports nothing heavy."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from harness import load_namespace, save_namespace
+
+from jupyter_ckpt.errors import InvalidReference
+from jupyter_ckpt.format import human_bytes
+from jupyter_ckpt.image.capture import import_record
+from jupyter_ckpt.store import ImageStore, check_ref
+
+
+def groups(manifest: dict[str, Any]) -> list[list[str]]:
+    return sorted(sorted(g["names"]) for g in manifest["groups"])
+
+
+# -- import_record ------------------------------------------------------------------------
+
+
+def local_function() -> None:
+    """Defined in this (importable) module, so it is re-imported, not pickled."""
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (np, {"module": "numpy"}),
+        (os.path, {"module": os.path.__name__}),
+        (math.sqrt, {"module": "math", "attr": "sqrt"}),
+        (collections.OrderedDict, {"module": "collections", "attr": "OrderedDict"}),
+        (os.path.join, {"module": os.path.join.__module__, "attr": "join"}),
+        (
+            argparse.ArgumentParser.parse_args,
+            {"module": "argparse", "attr": "ArgumentParser.parse_args"},
+        ),
+        (local_function, {"module": __name__, "attr": "local_function"}),
+    ],
+)
+def test_import_record_for_importable(value: Any, expected: dict[str, str]) -> None:
+    assert import_record("v", value) == {"name": "v", **expected}
+
+
+def _nested() -> Any:
+    def inner() -> None: ...
+
+    return inner
+
+
+def _notebook_function() -> Any:
+    """A function as a notebook cell defines it: its module is __main__."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec("def f(): pass", namespace)
+    return namespace["f"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        3,
+        [math.sqrt],
+        math.pi,
+        np.float64(1.0),
+        lambda: None,  # qualname '<lambda>' is not an attribute of its module
+        _nested(),  # '<locals>' in the qualname
+        _notebook_function(),
+        json.JSONDecoder(),
+    ],
+)
+def test_import_record_for_values(value: Any) -> None:
+    assert import_record("v", value) is None
+
+
+# -- grouping ------------------------------------------------------------------------------
+
+
+def test_sharing_joins_variables(store: ImageStore) -> None:
+    a = [1, 2]
+    base = np.arange(200_000.0)
+    model = torch.nn.Linear(2, 2)
+
+    def factory() -> list[int]:
+        return []
+
+    namespace = {
+        "a": a, "b": a, "base": base, "view": base[5:9], "model": model,
+        "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+        "factory": factory, "dd": collections.defaultdict(factory),
+    }  # fmt: skip
+    assert groups(save_namespace(store, namespace)) == [
+        ["a", "b"], ["base", "view"], ["dd", "factory"], ["model", "opt"],
+    ]  # fmt: skip
+
+
+def test_values_without_identity_do_not_join(store: ImageStore) -> None:
+    """Equal dtypes, devices, enum members, strings or library functions are not sharing."""
+    text = "some shared text"
+    namespace = {
+        "x1": np.arange(5.0), "x2": np.ones(200_000), "x3": np.zeros(3)[1:],
+        "t1": torch.zeros(3), "t2": torch.ones(100_000),
+        "f1": re.IGNORECASE, "f2": [re.IGNORECASE], "s1": text, "s2": [text],
+        "m1": {"fn": math.sqrt}, "m2": [math.sqrt], "n1": [None, 1], "n2": (None, 1),
+    }  # fmt: skip
+    assert groups(save_namespace(store, namespace)) == [[name] for name in sorted(namespace)]
+
+
+def test_views_stay_shared_after_a_second_generation(store: ImageStore) -> None:
+    """Save, restore, save the restored arrays again: views still share their base."""
+    base = np.arange(300_000, dtype=np.int64)
+    namespace: dict[str, Any] = {"base": base, "view": base[10:20], "rev": base[::-1]}
+    for _ in range(2):
+        namespace = load_namespace(store, save_namespace(store, namespace)["id"])
+        assert np.shares_memory(namespace["view"], namespace["base"])
+        assert np.shares_memory(namespace["rev"], namespace["base"])
+        namespace["view"][0] = -5
+        assert namespace["base"][10] == -5 and namespace["rev"][-11] == -5
+
+
+VIEWS = {
+    "slice": lambda b: b[3:7, 10:20],
+    "reversed": lambda b: b[::-2, ::-3],
+    "transpose": lambda b: b.T,
+    "diagonal": np.diagonal,  # read-only view
+    "broadcast": lambda b: np.broadcast_to(b[0], (3, b.shape[1])),  # read-only, stride 0
+    "reinterpret": lambda b: b.ravel(order="K").view(np.uint8)[:100],
+    "zero_d": lambda b: b[3, 4, ...],
+    "flat": lambda b: b.ravel(order="K")[5:100],  # memory order: a view for C and F
+}
+
+
+@pytest.mark.parametrize("make", VIEWS.values(), ids=list(VIEWS))
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_views_share_their_base(store: ImageStore, make: Any, order: str) -> None:
+    base = np.asarray(np.arange(400 * 500, dtype=np.float64).reshape(400, 500), order=order)
+    view = make(base)
+    restored = load_namespace(store, save_namespace(store, {"base": base, "view": view})["id"])
+    new_base, new_view = restored["base"], restored["view"]
+    assert np.array_equal(new_view, view) and new_view.strides == view.strides
+    assert np.shares_memory(new_view, new_base)
+    assert new_view.flags.writeable == view.flags.writeable
+    assert new_base.flags.f_contiguous == base.flags.f_contiguous
+
+
+def test_structured_field_view_shares(store: ImageStore) -> None:
+    table = np.zeros(100_000, dtype=[("a", "i4"), ("b", "f8")])
+    restored = load_namespace(store, save_namespace(store, {"table": table, "b": table["b"]})["id"])
+    restored["b"][7] = 2.5
+    assert restored["table"]["b"][7] == 2.5
+
+
+def test_lazy_conj_and_neg_tensors_keep_their_values(store: ImageStore) -> None:
+    namespace = {
+        "conj": torch.tensor([1 + 2j, 3 - 1j]).conj(),
+        "neg": torch.tensor([1.0, 2.0])._neg_view(),
+    }
+    restored = load_namespace(store, save_namespace(store, namespace)["id"])
+    assert restored["conj"].tolist() == [1 - 2j, 3 + 1j]
+    assert restored["neg"].tolist() == [-1.0, -2.0]
+
+
+def test_packed_buffers_come_back_aligned(store: ImageStore) -> None:
+    """Mid-sized buffers share one packed segment; each must start aligned for its dtype."""
+    namespace = {
+        "odd": "x" * 13,  # a pickle of odd length goes first in the pack
+        "f8": np.arange(20_000, dtype=np.float64),
+        "c16": np.arange(10_000, dtype=np.complex128),
+        "t": torch.arange(20_000, dtype=torch.float64),
+    }
+    restored = load_namespace(store, save_namespace(store, namespace)["id"])
+    assert restored["f8"].flags.aligned and restored["c16"].flags.aligned
+    assert restored["t"].data_ptr() % 16 == 0
+    assert restored["f8"].base is not None, "restored in place from the segment, not copied"
+
+
+# -- references and sizes -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ref", ["a", "rt", "my-image_1.v2", "A" * 128, "0" * 32, "9lives"])
+def test_check_ref_accepts(ref: str) -> None:
+    assert check_ref(ref) == ref
+
+
+@pytest.mark.parametrize("ref", ["", "-a", "_a", ".a", "a" * 129, "a/b", "a\0b", "a\nb", None])
+def test_check_ref_refuses(ref: Any) -> None:
+    with pytest.raises(InvalidReference, match="invalid image id"):
+        check_ref(ref, "image id")
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
+        (5 << 20, "5.0 MiB"), (3 << 30, "3.0 GiB"), (1 << 40, "1024.0 GiB"),
+    ],
+)  # fmt: skip
+def test_human_bytes(n: int, text: str) -> None:
+    assert human_bytes(n) == text
+
+
+# -- the kernel side stays light ----------------------------------------------------------
+
+
+def test_kernel_side_imports_nothing_heavy() -> None:
+    heavy = ["jupyter_server", "tornado", "torch", "pandas", "numpy"]
+    code = (
+        "import sys, json, jupyter_ckpt, jupyter_ckpt.kernel, jupyter_ckpt.image\n"
+        f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == []
