@@ -18,6 +18,7 @@ import pytest
 import torch
 from harness import load_namespace, save_namespace
 
+from jupyter_ckpt import image
 from jupyter_ckpt.errors import InvalidReference
 from jupyter_ckpt.format import human_bytes
 from jupyter_ckpt.image.capture import import_record
@@ -51,7 +52,20 @@ def local_function() -> None:
     ],
 )
 def test_import_record_for_importable(value: Any, expected: dict[str, str]) -> None:
-    assert import_record("v", value) == {"name": "v", **expected}
+    record = import_record("v", value)
+    assert record is not None
+    record.pop("submodules", None)
+    assert record == {"name": "v", **expected}
+
+
+def test_import_record_lists_loaded_public_submodules() -> None:
+    """`import email.mime.text` binds `email`; restore must bring `email.mime.text` back."""
+    import email.mime.text  # noqa: F401
+
+    record = import_record("email", sys.modules["email"])
+    assert record is not None
+    assert "email.mime.text" in record["submodules"]
+    assert not any(part.startswith("_") for m in record["submodules"] for part in m.split("."))
 
 
 def _nested() -> Any:
@@ -115,6 +129,24 @@ def test_values_without_identity_do_not_join(store: ImageStore) -> None:
         "m1": {"fn": math.sqrt}, "m2": [math.sqrt], "n1": [None, 1], "n2": (None, 1),
     }  # fmt: skip
     assert groups(save_namespace(store, namespace)) == [[name] for name in sorted(namespace)]
+
+
+def test_instances_of_one_notebook_class_stay_apart(store: ImageStore) -> None:
+    """Reaching the same class (its methods, class attributes, copyreg's cached
+    ``__slotnames__``) is not sharing: one bad instance must not take the others down."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(
+        "class Foo:\n    tags = []\n    def m(self):\n        return 1\n"
+        "a = Foo()\nb = Foo()\nholder = [a]\n",
+        namespace,
+    )
+    variables = {k: v for k, v in namespace.items() if not k.startswith("__")}
+    manifest = image.capture(variables, namespace, store.writer(), name="classes")
+    assert groups(manifest) == [["Foo"], ["a", "holder"], ["b"]]
+    restored: dict[str, Any] = {}
+    image.restore(manifest, store.read_segments(manifest), restored)
+    assert type(restored["a"]) is restored["Foo"] is type(restored["b"])
+    assert restored["holder"][0] is restored["a"]
 
 
 def test_views_stay_shared_after_a_second_generation(store: ImageStore) -> None:

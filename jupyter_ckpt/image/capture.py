@@ -62,10 +62,20 @@ def type_name(value: Any) -> str:
     )
 
 
-def import_record(name: str, value: Any) -> dict[str, str] | None:
+def import_record(name: str, value: Any) -> dict[str, Any] | None:
     """How to re-import a module alias or a `from x import y` binding, if it is one."""
     if isinstance(value, types.ModuleType):
-        return {"name": name, "module": value.__name__}
+        record: dict[str, Any] = {"name": name, "module": value.__name__}
+        # `import a.b.c` binds `a`; its public submodules are imported again on restore.
+        prefix = f"{value.__name__}."
+        submodules = sorted(
+            m
+            for m, mod in list(sys.modules.items())
+            if m.startswith(prefix) and _attribute_path(value, m[len(prefix) :]) is mod
+        )
+        if submodules:
+            record["submodules"] = submodules
+        return record
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__":
@@ -78,6 +88,14 @@ def import_record(name: str, value: Any) -> dict[str, str] | None:
     if target is not value:
         return None
     return {"name": name, "module": module, "attr": qualname}
+
+
+def _attribute_path(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if part.startswith("_"):
+            return None
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def _value_types() -> tuple[type, ...]:
@@ -104,12 +122,36 @@ def _has_identity(obj: Any, value_types: tuple[type, ...]) -> bool:
     )
 
 
-def _dump(names: list[str], obj: Any, namespace: dict[str, Any], storages: dict) -> _Pickled:
-    data, p = _pickler.dumps(obj, namespace, storages)
-    value_types = _value_types()
-    reached = [o for _, o in p.memo.copy().values() if _has_identity(o, value_types)]
-    shared = {id(o) for o in reached}
-    return _Pickled(names, data, p.buffers, p.modules, p.devices, shared, reached)
+class _Dumper:
+    """Pickles variables and says which objects each one reaches, for grouping."""
+
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        self.namespace = namespace
+        self.storages: dict = {}
+        self.value_types = _value_types()
+        self.classes: dict[int, type] = {}  # notebook classes pickled by value
+
+    def dump(self, names: list[str], obj: Any) -> _Pickled:
+        data, p = _pickler.dumps(obj, self.namespace, self.storages)
+        memo = [o for _, o in p.memo.copy().values()]
+        reached = [o for o in memo if _has_identity(o, self.value_types)]
+        for cls in memo:
+            if isinstance(cls, type) and import_record("", cls) is None:
+                self.classes[id(cls)] = cls
+        shared = {id(o) for o in reached}
+        return _Pickled(names, data, p.buffers, p.modules, p.devices, shared, reached)
+
+    def drop_class_parts(self, pickled: list[_Pickled]) -> None:
+        """Objects of a notebook class's definition (methods, their code, class attributes)
+        do not join variables: a class comes back as one class object wherever it is
+        pickled, so instances reaching it share no state through it. Done after the first
+        pass, since pickling instances can add to a class (copyreg's ``__slotnames__``)."""
+        parts: set[int] = set()
+        for cls in self.classes.values():
+            _, p = _pickler.dumps(cls, self.namespace, self.storages)
+            parts.update(p.memo.copy())
+        for single in pickled:
+            single.shared -= parts
 
 
 def _join_sharing(singles: list[_Pickled]) -> list[list[_Pickled]]:
@@ -167,7 +209,7 @@ def capture(
     records: dict[str, dict[str, Any]] = {}
     imports = []
     singles: list[_Pickled] = []
-    storages: dict = {}
+    dumper = _Dumper(namespace)
     for var, value in variables.items():
         record = records[var] = {"name": var, "type": type_name(value)}
         if var in exclude:
@@ -179,13 +221,14 @@ def capture(
             record.update(status="imported", module=imported["module"])
             continue
         try:
-            single = _dump([var], value, namespace, storages)
+            single = dumper.dump([var], value)
         except Exception as exc:
             record.update(status="lost", reason=f"{type(exc).__name__}: {exc}")
             continue
         record.update(status="saved", bytes=single.nbytes, devices=sorted(single.devices))
         singles.append(single)
 
+    dumper.drop_class_parts(singles)
     groups = []
     for members in _join_sharing(singles):
         if len(members) == 1:
@@ -193,7 +236,7 @@ def capture(
             continue
         names = [n for m in members for n in m.names]
         try:
-            groups.append(_dump(names, tuple(variables[n] for n in names), namespace, storages))
+            groups.append(dumper.dump(names, tuple(variables[n] for n in names)))
         except Exception:  # pickles alone but not together: keep values, lose the sharing
             groups.extend(members)
 

@@ -26,7 +26,9 @@ class RestoreReport:
         return {"restored": self.restored, "missing": self.missing, "warnings": self.warnings}
 
 
-def _import(record: dict[str, str]) -> Any:
+def _import(record: dict[str, Any]) -> Any:
+    for submodule in record.get("submodules", ()):
+        importlib.import_module(submodule)
     value: Any = importlib.import_module(record["module"])
     for part in record.get("attr", "").split(".") if record.get("attr") else ():
         value = getattr(value, part)
