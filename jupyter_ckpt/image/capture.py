@@ -285,4 +285,17 @@ def capture(
         },
         "devices": sorted({d for g in groups for d in g.devices}),
     }
+    if any(d.startswith("cuda") for d in manifest["devices"]):
+        manifest["gpu"] = gpu_facts()
     return writer.commit(manifest)
+
+
+def gpu_facts() -> dict[str, Any]:
+    """The node's GPUs and the CUDA runtime torch was built for: what restore must match."""
+    from ..gpu import GpuProbe
+
+    facts = GpuProbe().node()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        facts["torch_cuda"] = torch.version.cuda
+    return facts

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import os
 import secrets
 from collections.abc import Iterator
@@ -178,16 +177,20 @@ class LocalBackend:
     @staticmethod
     def _read_direct(full: str, out: memoryview) -> int:
         """The aligned body with O_DIRECT, the short tail (if any) through the cache."""
+        body = len(out) - len(out) % DIRECT_ALIGN
         fd = os.open(full, os.O_RDONLY | os.O_DIRECT)
         try:
-            body = len(out) - len(out) % DIRECT_ALIGN
             total = _read_fully(fd, out[:body])
-            if total == body < len(out):
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                total += _read_fully(fd, out[body:])
-            return total
         finally:
             os.close(fd)
+        if total == body < len(out):
+            fd = os.open(full, os.O_RDONLY)
+            try:
+                os.lseek(fd, body, os.SEEK_SET)
+                total += _read_fully(fd, out[body:])
+            finally:
+                os.close(fd)
+        return total
 
     def exists(self, path: str) -> bool:
         return os.path.exists(self._abs(path))

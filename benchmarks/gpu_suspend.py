@@ -1,0 +1,200 @@
+"""Suspend a GPU kernel through a real jupyter server and bring it back (DESIGN section 8).
+
+Starts ``jupyter server`` with the jupyter_ckpt extension on a private store, starts a
+kernel that holds SIZE of tensors on the GPU, then through the server's API:
+
+- suspends it (POST /api/ckpt/kernels/{id}/suspend) and times the call;
+- times until NVML no longer lists the kernel's process on the GPU (memory released);
+- reconnects and runs a cell, which restores the kernel; times until the cell's reply,
+  and checks the tensors came back on the GPU with the same checksum;
+- compares the image write and restore throughput with the host<->device copy bandwidth
+  measured in the same kernel, in the same run.
+
+    python benchmarks/gpu_suspend.py --size 8G
+    python benchmarks/gpu_suspend.py --size 256M --device cpu   # the same path, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchlib import GB, human_size, parse_size
+from jupyter_client.jsonutil import json_default
+from jupyter_client.session import Session
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
+
+from jupyter_ckpt.gpu import GpuProbe
+
+SETUP = """
+import json, os, time, torch
+device = {device!r}
+n = {size} // 4 // 4
+tensors = [torch.rand(n, device=device) for _ in range(4)]
+checksum = float(sum(t.double().sum() for t in tensors))
+bandwidth = {{}}
+if device != "cpu":
+    host = torch.empty({size} // 4, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty_like(host, device=device)
+    for name, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
+        dst.copy_(src); torch.cuda.synchronize()
+        t = time.perf_counter(); dst.copy_(src); torch.cuda.synchronize()
+        bandwidth[name] = host.numel() / (time.perf_counter() - t)
+    del host, dev
+    torch.cuda.empty_cache()
+print(json.dumps({{"pid": os.getpid(), "checksum": checksum, "bandwidth": bandwidth}}))
+"""
+CHECK = (
+    "print(json.dumps({'checksum': float(sum(t.double().sum() for t in tensors)), "
+    "'devices': sorted({str(t.device) for t in tensors})}))"
+)
+
+
+class Server:
+    """A jupyter server subprocess with the extension, on a free port."""
+
+    def __init__(self, tmp: Path, device: str) -> None:
+        self.token = uuid.uuid4().hex
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        config = {
+            "ServerApp": {
+                "jpserver_extensions": {"jupyter_ckpt_server": True},
+                "kernel_manager_class": "jupyter_ckpt_server.kernelmanager.CkptKernelManager",
+            },
+            "SuspendPolicy": {"idle_timeout": 86400, "gpu_only": device != "cpu"},
+        }
+        (tmp / "config.json").write_text(json.dumps(config))
+        env = {
+            **os.environ,
+            "JUPYTER_CKPT_STORE": str(tmp / "store"),
+            "JUPYTER_CKPT_SECRET_FILE": str(tmp / "secret"),
+        }
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "jupyter_server", f"--config={tmp / 'config.json'}",
+                f"--port={self.port}", "--no-browser", f"--ServerApp.root_dir={tmp}",
+                f"--IdentityProvider.token={self.token}", "--ServerApp.log_level=WARN",
+                "--allow-root",
+            ],
+            env=env,
+        )  # fmt: skip
+        self.http = AsyncHTTPClient()
+
+    async def api(self, method: str, path: str, body: Any = None, timeout: float = 600) -> Any:
+        request = HTTPRequest(
+            f"http://127.0.0.1:{self.port}/api/{path}",
+            method=method,
+            body=None if body is None else json.dumps(body),
+            headers={"Authorization": f"token {self.token}"},
+            request_timeout=timeout,
+        )
+        response = await self.http.fetch(request)
+        return json.loads(response.body) if response.body else None
+
+    async def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await self.api("GET", "status", timeout=2)
+                return
+            except (OSError, HTTPClientError):
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError("the jupyter server did not start") from None
+                await asyncio.sleep(0.2)
+
+    async def execute(self, kernel_id: str, code: str) -> tuple[float, str]:
+        """Run a cell over a fresh websocket: (seconds until its reply, its stdout)."""
+        session = Session()
+        ws = await websocket_connect(
+            HTTPRequest(
+                f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
+                f"?session_id={session.session}",
+                headers={"Authorization": f"token {self.token}"},
+            )
+        )
+        msg = session.msg("execute_request", {"code": code, "silent": False})
+        started = time.perf_counter()
+        ws.write_message(json.dumps({**msg, "channel": "shell"}, default=json_default))
+        out, reply_at, idle = [], None, False
+        # the shell reply and the iopub idle status come on different sockets, in any order
+        while reply_at is None or not idle:
+            incoming = json.loads(await ws.read_message())
+            if incoming["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+                continue
+            content = incoming["content"]
+            if incoming["channel"] == "shell":
+                reply_at = time.perf_counter()
+                if content["status"] != "ok":
+                    raise RuntimeError(f"{content['ename']}: {content['evalue']}")
+            elif incoming["msg_type"] == "stream":
+                out.append(content["text"])
+            elif incoming["msg_type"] == "status":
+                idle = content["execution_state"] == "idle"
+        ws.close()
+        return reply_at - started, "".join(out)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+async def run(size: int, device: str, tmp: Path) -> None:
+    server = Server(tmp, device)
+    try:
+        await server.wait_ready()
+        kernel_id = (await server.api("POST", "kernels", {"name": "python3"}))["id"]
+        _, out = await server.execute(kernel_id, SETUP.format(device=device, size=size))
+        facts = json.loads(out.strip().splitlines()[-1])
+        probe = GpuProbe()
+
+        started = time.perf_counter()
+        suspended = await server.api("POST", f"ckpt/kernels/{kernel_id}/suspend", {})
+        suspend_s = time.perf_counter() - started
+        while facts["pid"] in probe.memory_by_pid():
+            await asyncio.sleep(0.01)
+        freed_s = time.perf_counter() - started
+
+        restore_s, out = await server.execute(kernel_id, CHECK)
+        back = json.loads(out.strip().splitlines()[-1])
+        ok = abs(back["checksum"] - facts["checksum"]) <= 1e-6 * abs(facts["checksum"])
+    finally:
+        server.stop()
+
+    nbytes = suspended["bytes"]
+    print(f"device                    {device} ({', '.join(back['devices'])})")
+    print(f"state                     {human_size(nbytes)} in {len(suspended['saved'])} vars")
+    print(f"suspend (write + verify)  {suspend_s:.2f} s  {nbytes / suspend_s / GB:.2f} GB/s")
+    print(f"  of which image write    {suspended['seconds']:.2f} s")
+    print(f"until GPU memory is free  {freed_s:.2f} s")
+    print(f"restore + first cell      {restore_s:.2f} s  {nbytes / restore_s / GB:.2f} GB/s")
+    for name, rate in facts["bandwidth"].items():
+        print(f"{name} copy bandwidth        {rate / GB:.2f} GB/s")
+    print(f"checksum after restore    {'same' if ok else 'DIFFERENT'}")
+    if not ok:
+        raise SystemExit(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=parse_size, default=parse_size("4G"))
+    parser.add_argument("--device", default="cuda:0", help="cuda:N, or cpu for a dry run")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(run(args.size, args.device, Path(tmp)))
+
+
+if __name__ == "__main__":
+    main()
