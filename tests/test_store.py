@@ -42,7 +42,7 @@ def save(store: ImageStore, name: str, **variables: Any) -> dict[str, Any]:
 
 
 def stored_chunks(store: ImageStore) -> set[str]:
-    return {path for path, _ in store.backend.walk_files("chunks")}
+    return {path for path, *_ in store.backend.walk_files("chunks")}
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

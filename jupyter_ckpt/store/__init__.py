@@ -224,9 +224,12 @@ class ImageStore(LoggingConfigurable):
             raise IntegrityError(f"chunk {digest} was altered (content does not match its hash)")
 
     def verify(self, ref: str) -> dict[str, Any]:
-        """Check signature and every chunk; return the manifest. Unpickles nothing."""
+        """Check signature and every chunk; return the manifest. Unpickles nothing, and
+        holds only one chunk per I/O thread in memory, whatever the image's size."""
         manifest = self.open(ref)
-        self.read_segments(manifest)
+        chunks = [chunk for segment in manifest["segments"] for chunk in segment["chunks"]]
+        for _ in self._pool.map(lambda c: self._read_chunk(c[0], _allocate(c[1])), chunks):
+            pass
         return manifest
 
     # -- removing ------------------------------------------------------------------------
@@ -254,7 +257,7 @@ class ImageStore(LoggingConfigurable):
             referenced.update(digest for s in segments for digest, _ in s["chunks"])
         cutoff = time.time() - grace_seconds
         removed = freed = 0
-        for path, mtime in list(self.backend.walk_files("chunks")):
+        for path, mtime, size in list(self.backend.walk_files("chunks")):
             name = path.rsplit("/", 1)[-1]
             if name in referenced or mtime > cutoff:
                 continue
@@ -262,17 +265,10 @@ class ImageStore(LoggingConfigurable):
             mtime_now = self.backend.mtime(path)
             if mtime_now is None or mtime_now > cutoff:
                 continue
-            size = self._size(path)
             self.backend.remove(path)
             removed += 1
             freed += size
         return removed, freed
-
-    def _size(self, path: str) -> int:
-        try:
-            return len(self.backend.read_bytes(path))
-        except FileNotFoundError:
-            return 0
 
     # -- moving images between stores -----------------------------------------------------
 

@@ -38,7 +38,7 @@ class Backend(Protocol):
     def touch(self, path: str) -> bool: ...
     def mtime(self, path: str) -> float | None: ...
     def listdir(self, path: str) -> list[str]: ...
-    def walk_files(self, path: str) -> Iterator[tuple[str, float]]: ...
+    def walk_files(self, path: str) -> Iterator[tuple[str, float, int]]: ...
     def remove(self, path: str) -> None: ...
     def sync_dir(self, path: str) -> None: ...
 
@@ -85,8 +85,10 @@ class LocalBackend:
         # Switched off for good at the first EINVAL (tmpfs, some FUSE file systems).
         self.direct_io = direct_io and hasattr(os, "O_DIRECT")
         self._made: set[str] = set()
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
-        os.chmod(self.root, 0o700)
+        if not os.path.isdir(self.root):
+            # Private from the start; an existing directory (a shared file system) keeps
+            # the permissions its owner chose.
+            os.makedirs(self.root, mode=0o700)
 
     def _abs(self, path: str) -> str:
         return os.path.join(self.root, path)
@@ -217,16 +219,17 @@ class LocalBackend:
         except FileNotFoundError:
             return []
 
-    def walk_files(self, path: str) -> Iterator[tuple[str, float]]:
+    def walk_files(self, path: str) -> Iterator[tuple[str, float, int]]:
+        """(path, mtime, size) of every file below ``path``."""
         base = self._abs(path)
         for dirpath, _dirs, files in os.walk(base):
             for name in files:
                 full = os.path.join(dirpath, name)
                 try:
-                    mtime = os.stat(full).st_mtime
+                    st = os.stat(full)
                 except FileNotFoundError:
                     continue
-                yield os.path.relpath(full, self.root), mtime
+                yield os.path.relpath(full, self.root), st.st_mtime, st.st_size
 
     def remove(self, path: str) -> None:
         target = self._abs(path)
@@ -290,7 +293,7 @@ class FsspecBackend:
         return self.exists(path)
 
     def mtime(self, path: str) -> float | None:
-        for found, mtime in self.walk_files(path):
+        for found, mtime, _ in self.walk_files(path):
             if found == path:
                 return mtime
         return None
@@ -302,7 +305,7 @@ class FsspecBackend:
             return []
         return [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
 
-    def walk_files(self, path: str) -> Iterator[tuple[str, float]]:
+    def walk_files(self, path: str) -> Iterator[tuple[str, float, int]]:
         try:
             found = self.fs.find(self._abs(path), detail=True)
         except FileNotFoundError:
@@ -310,7 +313,7 @@ class FsspecBackend:
         for full, info in found.items():
             modified = info.get("LastModified") or info.get("mtime") or info.get("created") or 0
             mtime = modified.timestamp() if hasattr(modified, "timestamp") else float(modified)
-            yield full[len(self.root) + 1 :], mtime
+            yield full[len(self.root) + 1 :], mtime, int(info.get("size") or 0)
 
     def remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
