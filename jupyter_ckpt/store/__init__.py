@@ -30,7 +30,7 @@ from typing import Any
 
 import blake3
 from jupyter_core.paths import jupyter_data_dir
-from traitlets import Bool, Int, Unicode, default
+from traitlets import Bool, Dict, Int, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ..errors import AmbiguousReference, ImageNotFound, IntegrityError, InvalidReference
@@ -119,9 +119,17 @@ class ImageStore(LoggingConfigurable):
         "(faster and lighter on the CPU for cold reads; falls back by itself).",
     ).tag(config=True)
 
+    storage_options = Dict(
+        help="fsspec options for a remote store (e.g. {'endpoint_url': ...} for an "
+        "S3-compatible server). Kernels read fsspec's own config instead (FSSPEC_S3=<json>), "
+        "so the server and its kernels can share one setting through the environment.",
+    ).tag(config=True)
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.backend = open_backend(self.url, fsync=self.fsync, direct_io=self.direct_io)
+        self.backend = open_backend(
+            self.url, fsync=self.fsync, direct_io=self.direct_io, **self.storage_options
+        )
         self.signer = Signer(self.secret_file)
         self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
 

@@ -321,8 +321,8 @@ class FsspecBackend:
 
 
 def open_backend(
-    url: str, fsync: bool = True, direct_io: bool = True
+    url: str, fsync: bool = True, direct_io: bool = True, **storage_options: object
 ) -> LocalBackend | FsspecBackend:
     if "://" not in url or url.startswith("file://"):
         return LocalBackend(url.removeprefix("file://"), fsync=fsync, direct_io=direct_io)
-    return FsspecBackend(url)
+    return FsspecBackend(url, **storage_options)

@@ -1,0 +1,133 @@
+"""A store on an S3-compatible object store (moto's server on loopback), through fsspec:
+the same image semantics as a local directory (round trip, dedupe, verification, gc),
+and kernels that find the store and its endpoint through the environment alone."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from harness import Kernel, Paths, load_namespace, save_namespace
+
+from jupyter_ckpt.errors import IntegrityError
+from jupyter_ckpt.store import ImageStore, chunk_path
+
+BUCKET = "ckpt-test"
+CREDENTIALS = {"key": "testing", "secret": "testing"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    """moto's S3 server on a free loopback port, with one bucket."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError("moto server did not start") from None
+            time.sleep(0.1)
+    import s3fs
+
+    s3fs.S3FileSystem(endpoint_url=url, **CREDENTIALS).mkdir(BUCKET)
+    yield url
+    server.terminate()
+    server.wait(timeout=30)
+
+
+@pytest.fixture
+def s3_store(endpoint: str, tmp_path: Path) -> ImageStore:
+    return ImageStore(
+        url=f"s3://{BUCKET}/{tmp_path.name}",
+        secret_file=str(tmp_path / "secret"),
+        storage_options={"endpoint_url": endpoint, **CREDENTIALS},
+    )
+
+
+def test_round_trip_dedupe_and_gc(s3_store: ImageStore) -> None:
+    big = np.random.default_rng(1).random(3_000_000)  # 24 MB: six 4 MiB chunks
+    namespace: dict[str, Any] = {"big": big, "view": big[10:20], "meta": {"run": 7}}
+    first = save_namespace(s3_store, namespace, name="on-s3")
+
+    back = load_namespace(s3_store, "on-s3")
+    np.testing.assert_array_equal(back["big"], big)
+    assert np.shares_memory(back["view"], back["big"])
+    assert back["meta"] == {"run": 7}
+
+    big[:1000] += 1  # one chunk changes
+    second = save_namespace(s3_store, namespace, name="on-s3")
+    assert second["sizes"]["written"] < first["sizes"]["written"] / 4
+    assert s3_store.resolve("on-s3") == second["id"]
+
+    s3_store.delete(first["id"])
+    removed, freed = s3_store.gc(grace_seconds=0)
+    assert removed >= 1 and freed >= removed
+    assert s3_store.verify("on-s3")["id"] == second["id"]
+
+
+def test_altered_chunk_is_refused(s3_store: ImageStore) -> None:
+    manifest = save_namespace(s3_store, {"x": np.arange(1_000_000)}, name="tamper")
+    digest = manifest["segments"][0]["chunks"][0][0]
+    data = bytearray(s3_store.backend.read_bytes(chunk_path(digest)))
+    data[100] ^= 0xFF
+    s3_store.backend.write_atomic(chunk_path(digest), bytes(data))
+    with pytest.raises(IntegrityError, match="altered"):
+        s3_store.verify("tamper")
+
+
+class _S3Paths(Paths):
+    """Kernels whose store is on S3, configured through the environment only."""
+
+    def __init__(self, root: Path, endpoint: str) -> None:
+        super().__init__(root)
+        self.endpoint = endpoint
+
+    def env(self) -> dict[str, str]:
+        return {
+            **super().env(),
+            "JUPYTER_CKPT_STORE": f"s3://{BUCKET}/kernels",
+            "FSSPEC_S3": json.dumps({"endpoint_url": self.endpoint, **CREDENTIALS}),
+        }
+
+
+def test_kernels_save_and_restore_through_s3(endpoint: str, tmp_path: Path) -> None:
+    paths = _S3Paths(tmp_path, endpoint)
+    writer, reader = Kernel(paths), None
+    try:
+        writer.run("%load_ext jupyter_ckpt")
+        writer.run("import numpy as np\nw = np.linspace(0, 1, 500_000)\nlabel = 'remote'")
+        assert "Saved" in writer.ckpt("save remote-run")
+        writer.shutdown()
+
+        reader = Kernel(paths)
+        reader.run("%load_ext jupyter_ckpt")
+        assert "Restored" in reader.ckpt("restore remote-run")
+        assert reader.eval("[label, float(w[-1]), len(w)]") == ["remote", 1.0, 500_000]
+    finally:
+        for kernel in (writer, reader):
+            if kernel is not None and kernel.manager.has_kernel:
+                kernel.shutdown()
