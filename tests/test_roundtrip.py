@@ -152,6 +152,9 @@ view_t = base_t[2:5]
 import os, socket, threading
 gen = (n for n in range(3))
 fh = open("notes.txt", "w")
+fh.write("notes")
+fh.flush()
+reader = open("notes.txt")
 lock = threading.Lock()
 sock = socket.socket()
 scratch = "left out"
@@ -166,7 +169,8 @@ os.environ["CKPT_TEST_SETTING"] = "on"
 
 UNSAVEABLE = {
     "gen": "TypeError: cannot pickle 'generator' object",
-    "fh": "PicklingError: Cannot pickle files that are not opened for reading: w",
+    "fh": "TypeError: cannot save an open file ('notes.txt')",
+    "reader": "TypeError: cannot save an open file ('notes.txt')",
     "lock": "TypeError: cannot pickle '_thread.lock' object",
     "sock": "TypeError: cannot pickle 'socket' object",
 }

@@ -163,6 +163,11 @@ class CkptPickler(cloudpickle.Pickler):
             return self._reduce_ndarray(obj)
         if module == "torch" and cls.__name__ == "Tensor":
             return self._reduce_tensor(obj)
+        if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)):
+            # cloudpickle would save a file opened for reading as a StringIO copy of its
+            # contents; a restore that hands back something else than a file is worse than
+            # saying the file was not saved.
+            raise TypeError(f"cannot save an open file ({getattr(obj, 'name', cls.__name__)!r})")
         return super().reducer_override(obj)
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
