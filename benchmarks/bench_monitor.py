@@ -27,7 +27,7 @@ from jupyter_ckpt_server.monitor import IdleMonitor
 from jupyter_ckpt_server.policy import SuspendPolicy
 
 from jupyter_ckpt.gpu import GpuProbe
-from jupyter_ckpt.store.records import RetainingImageStore
+from jupyter_ckpt.store import ImageStore
 
 
 class StandInNvml:
@@ -67,7 +67,7 @@ async def measure(kernels: int, ticks: int, store_dir: Path) -> float:
         km = CkptKernelManager(root_dir=str(store_dir))
         for process in sleepers:
             km._kernels[str(uuid.uuid4())] = stand_in_kernel(process.pid)
-        store = RetainingImageStore(url=str(store_dir / "store"), secret_file=str(store_dir / "s"))
+        store = ImageStore(url=str(store_dir / "store"), secret_file=str(store_dir / "s"))
         manager = CkptManager(
             policy=SuspendPolicy(),  # idle_timeout 1800: nothing is due, pure monitoring cost
             store=store,

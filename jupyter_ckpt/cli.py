@@ -224,7 +224,10 @@ class RemoveImage(CkptBaseApp):
 
 class CollectGarbage(CkptBaseApp):
     name = "jupyter ckpt gc"
-    description = "Remove chunks that no image references, freeing their space."
+    description = (
+        "Apply the retention rules (ImageStore.retention_days, .max_images, .quota_bytes; "
+        "images suspended kernels need are kept), then remove chunks no image references."
+    )
     examples = "jupyter ckpt gc\njupyter ckpt gc --grace=0   # no image is being written"
 
     grace = Float(
@@ -236,8 +239,8 @@ class CollectGarbage(CkptBaseApp):
     aliases = {**CkptBaseApp.aliases, "grace": "CollectGarbage.grace"}
 
     def run(self, store: ImageStore, *args: str) -> list[str]:
-        files, freed = store.gc(self.grace)
-        return [
+        images, files, freed = store.enforce_retention(grace_seconds=self.grace)
+        return [f"Removed image {image_id} (retention)" for image_id in images] + [
             f"Removed {files} unreferenced chunk files, freed {human_bytes(freed)} "
             f"(kept chunks younger than {self.grace:g} s)"
         ]

@@ -30,3 +30,7 @@ class SecretError(CkptError):
 
 class DeviceUnavailable(CkptError):
     """A saved tensor needs a device this node does not have."""
+
+
+class ImageInUse(CkptError):
+    """The image is what a suspended kernel will be restored from; it cannot go yet."""

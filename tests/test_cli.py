@@ -290,6 +290,22 @@ def test_gc_removes_only_orphaned_chunks(ckpt: Run, site: Site) -> None:
     ok(ckpt("verify", "kept"))
 
 
+def test_gc_applies_retention_but_keeps_images_suspended_kernels_need(
+    ckpt: Run, site: Site
+) -> None:
+    oldest = site.save("oldest", a=b"1" * 100_000)
+    pinned = site.save("pinned", a=b"2" * 100_000)
+    newest = site.save("newest", a=b"3" * 100_000)
+    site.store().records.put({"kernel_id": "k-1", "image_id": pinned["id"]})
+
+    failed(ckpt("rm", "pinned"), 1, pinned["id"], "suspended kernel k-1")
+    out = ok(ckpt("gc", "--grace=0", "--ImageStore.max_images=1"))
+    assert f"Removed image {oldest['id']} (retention)" in out
+    listing = ok(ckpt("list"))
+    assert pinned["id"][:12] in listing and newest["id"][:12] in listing
+    assert oldest["id"][:12] not in listing
+
+
 # -- moving between stores -----------------------------------------------------------------
 
 

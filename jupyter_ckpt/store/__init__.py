@@ -26,21 +26,28 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 import blake3
 from jupyter_core.paths import jupyter_data_dir
-from traitlets import Bool, Dict, Int, Unicode, default
+from traitlets import Bool, Dict, Float, Int, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ..errors import AmbiguousReference, ImageNotFound, IntegrityError, InvalidReference
+from ..errors import (
+    AmbiguousReference,
+    ImageInUse,
+    ImageNotFound,
+    IntegrityError,
+    InvalidReference,
+)
 from .backends import open_backend
+from .records import KernelRecords
 from .signing import Signer
 
 CHUNK_SIZE = 4 << 20
 ID_RE = re.compile(r"^[0-9a-f]{32}$")
 REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-KERNEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
 GC_GRACE_SECONDS = 3600
 
 Buffer = memoryview | bytearray | bytes
@@ -123,6 +130,16 @@ class ImageStore(LoggingConfigurable):
         help="fsspec options for a remote store (e.g. {'endpoint_url': ...} for an "
         "S3-compatible server). Kernels read fsspec's own config instead (FSSPEC_S3=<json>), "
         "so the server and its kernels can share one setting through the environment.",
+    ).tag(config=True)
+
+    retention_days = Float(
+        0, help="Remove images older than this many days (0: keep regardless of age)."
+    ).tag(config=True)
+    max_images = Int(0, help="Keep at most this many images, newest first (0: no limit).").tag(
+        config=True
+    )
+    quota_bytes = Int(
+        0, help="Remove the oldest images while the store holds more than this (0: no quota)."
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -242,8 +259,19 @@ class ImageStore(LoggingConfigurable):
 
     # -- removing ------------------------------------------------------------------------
 
+    @property
+    def records(self) -> KernelRecords:
+        """The records of suspended kernels kept in this store."""
+        return KernelRecords(self)
+
     def delete(self, ref: str) -> str:
         image_id = self.resolve(ref)
+        for kernel_id, record in self.records.all()[0].items():
+            if record.get("image_id") == image_id:
+                raise ImageInUse(
+                    f"image {image_id} is needed by suspended kernel {kernel_id}; "
+                    "resume or shut down that kernel first"
+                )
         # Removing the manifest first makes the image vanish at once; chunks go in gc().
         self.backend.remove(manifest_path(image_id))
         self.backend.remove(f"images/{image_id}")
@@ -277,6 +305,42 @@ class ImageStore(LoggingConfigurable):
             removed += 1
             freed += size
         return removed, freed
+
+    def expired(self, pinned: set[str], now: float | None = None) -> list[str]:
+        """Image ids the retention rules remove, oldest first. Images in ``pinned``
+        (needed by suspended kernels) and images that fail to load are never chosen."""
+        now = time.time() if now is None else now
+        images = [(i, m) for i, m, _ in self.iter_manifests() if m is not None]  # newest first
+        doomed: set[str] = set()
+        if self.retention_days > 0:
+            cutoff = now - self.retention_days * 86400
+            doomed |= {i for i, m in images if _created(m) < cutoff}
+        if self.max_images > 0:
+            doomed |= {i for i, _ in images[self.max_images :]}
+        if self.quota_bytes > 0:
+            kept = [(i, m) for i, m in images if i not in doomed]
+            while _stored_bytes(m for _, m in kept) > self.quota_bytes:
+                removable = [i for i, _ in kept if i not in pinned]
+                if not removable:
+                    break
+                doomed.add(removable[-1])
+                kept = [(i, m) for i, m in kept if i != removable[-1]]
+        return [i for i, _ in reversed(images) if i in doomed and i not in pinned]
+
+    def enforce_retention(
+        self, now: float | None = None, grace_seconds: float = GC_GRACE_SECONDS
+    ) -> tuple[list[str], int, int]:
+        """Delete expired images, then unreferenced chunks.
+        Returns (image ids removed, chunk files removed, bytes freed).
+
+        Manifests go first and chunks after, through ``gc``: a crash in between leaves
+        only unreferenced chunks, which the next run removes."""
+        removed = []
+        for image_id in self.expired(self.records.pinned_images(), now):
+            self.delete(image_id)
+            removed.append(image_id)
+        files, freed = self.gc(grace_seconds)
+        return removed, files, freed
 
     # -- moving images between stores -----------------------------------------------------
 
@@ -329,6 +393,16 @@ class ImageStore(LoggingConfigurable):
         f = tar.extractfile(member)
         assert f is not None
         return f.read()
+
+
+def _created(manifest: dict[str, Any]) -> float:
+    return datetime.fromisoformat(manifest["created"]).timestamp()
+
+
+def _stored_bytes(manifests: Any) -> int:
+    """Bytes of the distinct chunks the images reference (shared chunks count once)."""
+    chunks = {(d, n) for m in manifests for s in m["segments"] for d, n in s["chunks"]}
+    return sum(n for _, n in chunks)
 
 
 class ImageWriter:

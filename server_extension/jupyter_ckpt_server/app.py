@@ -1,0 +1,102 @@
+"""The server extension: wires the policy, store, manager, monitor and handlers together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jupyter_server.extension.application import ExtensionApp
+from jupyter_server.services.kernels.handlers import _kernel_id_regex
+from traitlets import default
+
+from jupyter_ckpt.gpu import GpuProbe
+from jupyter_ckpt.store import ImageStore
+
+from .handlers import default_handlers
+from .kernelmanager import CkptKernelManager
+from .manager import CkptManager
+from .monitor import IdleMonitor
+from .policy import SuspendPolicy
+from .service import CkptService
+from .websocket import CkptKernelWebsocketHandler
+
+SCHEMA_ID = "https://events.jupyter.org/jupyter_ckpt/v1"
+SCHEMA_PATH = Path(__file__).parent / "event_schemas" / "ckpt-v1.yaml"
+
+
+class CkptExtensionApp(ExtensionApp):
+    """Suspend idle GPU kernels to images and restore them when their users return."""
+
+    name = "jupyter_ckpt_server"
+    load_other_extensions = True
+    classes = [SuspendPolicy, ImageStore, CkptManager]
+    manager: CkptManager | None = None  # None when the extension could not initialize
+    monitor: IdleMonitor | None = None
+
+    @default("config_file_name")
+    def _default_config_file_name(self) -> str:
+        """``jupyter_ckpt_server_config`` (installed in etc/jupyter) makes CkptKernelManager
+        the server's kernel manager. The server links extensions before it creates its
+        kernel manager, and a kernel_manager_class the user configured still wins."""
+        return "jupyter_ckpt_server_config"
+
+    def initialize_settings(self) -> None:
+        km = self.serverapp.kernel_manager
+        if not isinstance(km, CkptKernelManager):
+            raise TypeError(
+                "jupyter_ckpt_server needs ServerApp.kernel_manager_class = "
+                "'jupyter_ckpt_server.kernelmanager.CkptKernelManager' (or a subclass); "
+                f"the server uses {type(km).__name__}, so no kernel will be suspended"
+            )
+        self.policy = SuspendPolicy(parent=self)
+        store = ImageStore(parent=self)
+        km.ckpt_env = {
+            "JUPYTER_CKPT_STORE": store.backend.url,
+            "JUPYTER_CKPT_SECRET_FILE": store.signer.secret_file,
+        }
+        event_logger = self.serverapp.event_logger
+        event_logger.register_event_schema(SCHEMA_PATH)
+        self.manager = CkptManager(
+            parent=self,
+            policy=self.policy,
+            store=store,
+            kernel_manager=km,
+            probe=GpuProbe(),
+            emit=lambda data: event_logger.emit(schema_id=SCHEMA_ID, data=data),
+        )
+        self.monitor = IdleMonitor(self.manager)
+        self.service = CkptService(self.manager, self.monitor, self.serverapp.session_manager)
+        self.settings.update(
+            jupyter_ckpt_manager=self.manager,
+            jupyter_ckpt_monitor=self.monitor,
+            jupyter_ckpt_service=self.service,
+        )
+
+    def initialize_handlers(self) -> None:
+        # Extension routes are matched before the server's own, so this handler serves
+        # every kernel websocket, running or suspended.
+        self.handlers.extend(
+            [
+                *default_handlers,
+                (rf"/api/kernels/{_kernel_id_regex}/channels", CkptKernelWebsocketHandler),
+            ]
+        )
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        if self.manager is None or self.monitor is None:
+            return
+        await self.manager.load_records()
+        self.monitor.start()
+
+    async def stop_extension(self) -> None:
+        """Runs before the server stops its kernels: suspend those that would lose state."""
+        if self.monitor is None:
+            return
+        await self.monitor.stop()
+        if not self.policy.suspend_on_shutdown:
+            return
+        result = await self.service.suspend_all(
+            trigger="shutdown", timeout=self.policy.shutdown_timeout
+        )
+        for kernel_id, why in result["failed"].items():
+            self.log.warning("Kernel %s was not suspended before shutdown: %s", kernel_id, why)

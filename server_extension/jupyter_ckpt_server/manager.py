@@ -1,0 +1,424 @@
+"""Checkpoint, suspend and restore kernels: the server side of DESIGN section 4.
+
+The server never unpickles user objects: it asks the kernel to write (or read) its image
+through a silent execute of ``jupyter_ckpt.kernel`` (not stored in history, no execution
+count), reads the JSON summary back from ``user_expressions``, and checks the result
+against the store (signature and every chunk) before it shuts anything down.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from traitlets import Any as AnyTrait
+from traitlets import Float, Instance
+from traitlets.config import LoggingConfigurable
+
+from jupyter_ckpt.errors import CkptError
+from jupyter_ckpt.gpu import GpuProbe, GpuSnapshot, GpuUsage
+from jupyter_ckpt.store import ImageStore
+from jupyter_ckpt.store.records import KernelRecords
+
+from .kernelmanager import CkptKernelManager, restoring
+from .policy import SuspendPolicy
+
+_CALL = "__import__('json').dumps(__import__('jupyter_ckpt.kernel').kernel.{call})"
+
+
+class SuspendFailed(CkptError):
+    """A kernel could not be checkpointed or suspended; it keeps running."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _describe_lost(lost: dict[str, str]) -> str:
+    return "; ".join(f"{name} ({why})" for name, why in lost.items())
+
+
+class CkptManager(LoggingConfigurable):
+    """Suspends and restores the kernels of one :class:`CkptKernelManager`."""
+
+    policy = Instance(SuspendPolicy)
+    store = Instance(ImageStore)
+    kernel_manager = Instance(CkptKernelManager)
+    probe = Instance(GpuProbe, args=())
+    emit = AnyTrait(help="callable(data): emit one jupyter_ckpt event")
+
+    gpu_release_timeout = Float(
+        10, help="Seconds to wait for a suspended kernel's GPU memory to be released."
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.records = KernelRecords(self.store)
+        # kernel id -> why its last checkpoint or suspend failed (shown in status)
+        self.failures: dict[str, dict[str, Any]] = {}
+        self._suspending: dict[str, asyncio.Task[dict[str, Any]]] = {}
+        self._interrupted: set[str] = set()
+        self._restores: dict[str, asyncio.Task[dict[str, Any]]] = {}
+        self.restore_count = 0
+        self.kernel_manager.on_discard = self.discard
+
+    # -- talking to a kernel --------------------------------------------------------------
+
+    async def _request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
+        """Send one shell request on a private client and return its reply's content."""
+        kernel = self.kernel_manager.get_kernel(kernel_id)
+        client = kernel.client()
+        client.start_channels(iopub=False, stdin=False, hb=False, control=False)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            msg_id = getattr(client, send)(**kw)
+            while True:
+                reply = await client.get_shell_msg(timeout=max(0.01, deadline - loop.time()))
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    return reply["content"]
+        except queue.Empty:
+            raise SuspendFailed(f"the kernel did not answer within {timeout:.0f} s") from None
+        finally:
+            client.stop_channels()
+
+    async def kernel_call(self, kernel_id: str, call: str, timeout: float) -> dict[str, Any]:
+        """Evaluate ``jupyter_ckpt.kernel.<call>`` silently in the kernel; its JSON result."""
+        content = await self._request(
+            kernel_id,
+            "execute",
+            timeout,
+            code="",
+            silent=True,
+            store_history=False,
+            user_expressions={"ckpt": _CALL.format(call=call)},
+            allow_stdin=False,
+        )
+        result = content.get("user_expressions", {}).get("ckpt", content)
+        if result.get("status") != "ok":
+            ename, evalue = result.get("ename", "Error"), result.get("evalue", "")
+            if ename == "ModuleNotFoundError" and "jupyter_ckpt" in evalue:
+                raise SuspendFailed(
+                    "the kernel's environment lacks jupyter_ckpt "
+                    "(pip install jupyter-ckpt in the kernel's environment)"
+                )
+            raise SuspendFailed(f"{ename}: {evalue}")
+        # text/plain is the repr of the JSON string: literal_eval reads it, runs nothing
+        return json.loads(ast.literal_eval(result["data"]["text/plain"]))
+
+    def gpu_usage(self, kernel_id: str, snapshot: GpuSnapshot | None = None) -> GpuUsage:
+        pid = self.kernel_pid(kernel_id)
+        return self.probe.usage(pid, snapshot) if pid else GpuUsage()
+
+    def kernel_pid(self, kernel_id: str) -> int | None:
+        if not self.kernel_manager.is_running(kernel_id):
+            return None
+        kernel = self.kernel_manager.get_kernel(kernel_id)
+        return getattr(getattr(kernel, "provisioner", None), "pid", None)
+
+    # -- checkpoint and suspend -----------------------------------------------------------
+
+    async def checkpoint(self, kernel_id: str, name: str | None = None) -> dict[str, Any]:
+        """Write an image now; the kernel keeps running."""
+        started = time.perf_counter()
+        try:
+            summary = await self._write_image(kernel_id, name)
+        except SuspendFailed as exc:
+            self.record_failure("checkpoint", kernel_id, "api", exc, started)
+            raise
+        self.record_event("checkpoint", kernel_id, "api", started, summary)
+        await self.enforce_retention()
+        return summary
+
+    async def _write_image(self, kernel_id: str, name: str | None) -> dict[str, Any]:
+        if not self.kernel_manager.is_running(kernel_id):
+            raise SuspendFailed(f"kernel {kernel_id} is not running")
+        call = f"checkpoint({name!r})"
+        summary = await self.kernel_call(kernel_id, call, self.policy.checkpoint_timeout)
+        try:
+            await asyncio.to_thread(self.store.verify, summary["id"])
+        except CkptError as exc:
+            raise SuspendFailed(f"the image failed verification: {exc}") from exc
+        return summary
+
+    async def suspend(self, kernel_id: str, trigger: str = "api") -> dict[str, Any]:
+        """Write the kernel's image, record it, shut the kernel down; raise SuspendFailed
+        (the kernel keeps running) if any step fails. One suspend per kernel at a time."""
+        task = self._suspending.get(kernel_id)
+        if task is None:
+            self._interrupted.discard(kernel_id)
+            task = asyncio.ensure_future(self._suspend(kernel_id, trigger))
+            self._suspending[kernel_id] = task
+            task.add_done_callback(lambda _: self._suspending.pop(kernel_id, None))
+        return await asyncio.shield(task)
+
+    def note_client_message(self, kernel_id: str) -> None:
+        """A client sent the kernel a message: a suspend in progress must not shut it down."""
+        if kernel_id in self._suspending:
+            self._interrupted.add(kernel_id)
+
+    async def _suspend(self, kernel_id: str, trigger: str) -> dict[str, Any]:
+        km = self.kernel_manager
+        started = time.perf_counter()
+        image_id = None
+        try:
+            if km.is_suspended(kernel_id):
+                raise SuspendFailed(f"kernel {kernel_id} is already suspended")
+            if not km.is_running(kernel_id):
+                raise SuspendFailed(f"kernel {kernel_id} is not running")
+            kernel = km.get_kernel(kernel_id)
+            if kernel.execution_state == "busy":
+                raise SuspendFailed("the kernel is busy")
+            km.ckpt_states[kernel_id] = "suspending"
+            info = await self._request(kernel_id, "kernel_info", 30)
+            usage = self.gpu_usage(kernel_id)
+            summary = await self._write_image(kernel_id, None)
+            image_id = summary["id"]
+            # at shutdown the state is lost anyway: keep what can be kept
+            if summary["lost"] and self.policy.on_unsaveable == "keep" and trigger != "shutdown":
+                raise SuspendFailed(
+                    "variables cannot be saved (on_unsaveable=keep): "
+                    + _describe_lost(summary["lost"])
+                )
+            if kernel_id in self._interrupted:
+                raise SuspendFailed("a client used the kernel while it was being suspended")
+            launch = km.launch.get(kernel_id, {})
+            record = {
+                "kernel_id": kernel_id,
+                "kernel_name": kernel.kernel_name,
+                "path": launch.get("path"),
+                "env": launch.get("env", {}),
+                "image_id": image_id,
+                "kernel_info": info,
+                "last_activity": kernel.last_activity.isoformat(),
+                "suspended_at": _now(),
+                "trigger": trigger,
+                "gpu": usage.to_json(),
+                "lost": summary["lost"],
+            }
+            await asyncio.to_thread(self.records.put, record)
+        except (SuspendFailed, CkptError, OSError) as exc:
+            km.ckpt_states.pop(kernel_id, None)
+            if image_id is not None:
+                await asyncio.to_thread(self._forget_image, image_id)
+            self.record_failure("suspend", kernel_id, trigger, exc, started)
+            raise SuspendFailed(str(exc)) from exc
+        pid_tree = self.probe.process_tree(self.kernel_pid(kernel_id) or 0)
+        # listed as suspended before the process goes, so the id never leaves the listing
+        km.suspended[kernel_id] = {**record, "state": "suspended"}
+        self.failures.pop(kernel_id, None)
+        self._close_clients(kernel_id)
+        await km.shutdown_kernel(kernel_id, now=False)
+        km.launch.pop(kernel_id, None)
+        release = await self._wait_gpu_released(pid_tree) if usage.holds_gpu else 0.0
+        self.record_event(
+            "suspend",
+            kernel_id,
+            trigger,
+            started,
+            summary,
+            gpu_release_seconds=release,
+            kernel_name=record["kernel_name"],
+        )
+        self.log.info(
+            "Suspended kernel %s to image %s (%s): %.1f s",
+            kernel_id,
+            image_id,
+            trigger,
+            time.perf_counter() - started,
+        )
+        await self.enforce_retention()
+        return {**summary, "kernel_id": kernel_id}
+
+    async def enforce_retention(self) -> list[str]:
+        """Apply ImageStore.retention_days / max_images / quota_bytes; never touches an
+        image a suspended kernel needs. Failures are logged: retention must not break a
+        suspend that already succeeded."""
+        started = time.perf_counter()
+        try:
+            removed, _, freed = await asyncio.to_thread(self.store.enforce_retention)
+        except (CkptError, OSError) as exc:
+            self.log.warning("Retention failed: %s", exc)
+            return []
+        for image_id in removed:
+            self.record_event("delete", None, "retention", started, {"id": image_id})
+        if removed:
+            self.log.info("Retention removed %d image(s), %d bytes", len(removed), freed)
+        return removed
+
+    def _forget_image(self, image_id: str) -> None:
+        try:
+            self.store.delete(image_id)
+        except CkptError as exc:
+            self.log.warning("could not remove image %s: %s", image_id, exc)
+
+    def _close_clients(self, kernel_id: str) -> None:
+        """Close open websockets; clients reconnect and land on the suspended kernel."""
+        from jupyter_server.services.kernels.connection.channels import (
+            ZMQChannelsWebsocketConnection,
+        )
+
+        for key, handler in list(ZMQChannelsWebsocketConnection._open_sessions.items()):
+            if key.startswith(f"{kernel_id}:"):
+                handler.close()
+
+    async def _wait_gpu_released(self, pids: set[int]) -> float:
+        """Seconds until no process of the old tree holds GPU memory (or the timeout)."""
+        started = time.perf_counter()
+        deadline = started + self.gpu_release_timeout
+        while time.perf_counter() < deadline:
+            held = await asyncio.to_thread(self.probe.memory_by_pid)
+            if not pids & held.keys():
+                return time.perf_counter() - started
+            await asyncio.sleep(0.1)
+        self.log.warning(
+            "GPU memory of %s not released after %.0f s", pids, self.gpu_release_timeout
+        )
+        return time.perf_counter() - started
+
+    # -- restore --------------------------------------------------------------------------
+
+    async def restore(self, kernel_id: str, trigger: str = "message") -> dict[str, Any]:
+        """Start the suspended kernel under its id and restore its image into it. Callers
+        that arrive while a restore runs share it: concurrent reconnects restore once."""
+        task = self._restores.get(kernel_id)
+        if task is None:
+            task = asyncio.ensure_future(self._restore(kernel_id, trigger))
+            self._restores[kernel_id] = task
+            task.add_done_callback(lambda _: self._restores.pop(kernel_id, None))
+        return await asyncio.shield(task)
+
+    async def _restore(self, kernel_id: str, trigger: str) -> dict[str, Any]:
+        km = self.kernel_manager
+        started = time.perf_counter()
+        suspending = self._suspending.get(kernel_id)
+        if suspending is not None:  # let its shutdown finish before starting the kernel again
+            with contextlib.suppress(SuspendFailed):
+                await asyncio.shield(suspending)
+        record = km.suspended.get(kernel_id)
+        if record is None:
+            if km.is_running(kernel_id):  # restored already, for another client
+                return {"kernel_id": kernel_id, "image_id": None, "error": None}
+            raise SuspendFailed(f"kernel {kernel_id} is not suspended")
+        record["state"] = "restoring"
+        token = restoring.set(kernel_id)
+        try:
+            await km.start_kernel(
+                kernel_id=kernel_id,
+                kernel_name=record["kernel_name"],
+                path=record.get("path"),
+                env={**os.environ, **record.get("env", {})},
+            )
+        except Exception as exc:
+            record["state"] = "suspended"
+            self.record_failure("restore", kernel_id, trigger, exc, started)
+            raise SuspendFailed(f"could not start kernel {kernel_id}: {exc}") from exc
+        finally:
+            restoring.reset(token)
+        self.restore_count += 1
+        report: dict[str, Any] = {"kernel_id": kernel_id, "image_id": record["image_id"]}
+        try:
+            await self._wait_ready(kernel_id)
+            call = f"restore({record['image_id']!r})"
+            report.update(await self.kernel_call(kernel_id, call, self.policy.checkpoint_timeout))
+            report["error"] = None
+        except (SuspendFailed, CkptError, RuntimeError, TimeoutError) as exc:
+            report.update(error=str(exc), restored=[], missing=self._saved_names(record))
+        await self._settled(kernel_id)
+        km.suspended.pop(kernel_id, None)
+        await asyncio.to_thread(self.records.delete, kernel_id)
+        if report["error"]:
+            self.record_failure(
+                "restore", kernel_id, trigger, SuspendFailed(report["error"]), started
+            )
+        else:
+            self.record_event("restore", kernel_id, trigger, started, report)
+        return report
+
+    async def _settled(self, kernel_id: str, timeout: float = 10) -> None:
+        """Wait until the server has seen the kernel go idle after our silent call. Until
+        then it thinks the kernel busy, and a websocket connecting meanwhile skips the
+        check that its iopub subscription is live, so a cell's first output could be lost."""
+        kernel = self.kernel_manager.get_kernel(kernel_id)
+        deadline = time.monotonic() + timeout
+        while kernel.execution_state == "busy" and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def _wait_ready(self, kernel_id: str) -> None:
+        kernel = self.kernel_manager.get_kernel(kernel_id)
+        ready = getattr(kernel, "ready", None)
+        if ready is not None:
+            await (ready if asyncio.isfuture(ready) else asyncio.wrap_future(ready))
+
+    def _saved_names(self, record: dict[str, Any]) -> dict[str, str]:
+        """Every variable of the record's image, for a restore that failed as a whole."""
+        try:
+            manifest = self.store.open(record["image_id"])
+        except CkptError as exc:
+            return {"(all variables)": f"image {record['image_id']} unreadable: {exc}"}
+        return {
+            v["name"]: "image could not be restored"
+            for v in manifest["variables"]
+            if v["status"] in ("saved", "imported")
+        }
+
+    async def discard(self, kernel_id: str) -> None:
+        """A suspended kernel was shut down for good: drop its record (the image stays)."""
+        await asyncio.to_thread(self.records.delete, kernel_id)
+
+    async def load_records(self) -> None:
+        """List the kernels suspended by an earlier run of the server."""
+        records, errors = await asyncio.to_thread(self.records.all)
+        for kernel_id, why in errors.items():
+            self.log.warning("Ignoring the record of suspended kernel %s: %s", kernel_id, why)
+        for kernel_id, record in records.items():
+            if not self.kernel_manager.is_running(kernel_id):
+                self.kernel_manager.suspended[kernel_id] = {**record, "state": "suspended"}
+        if records:
+            self.log.info("%d suspended kernel(s) restore when their users return", len(records))
+        await self.enforce_retention()
+
+    # -- events and failures --------------------------------------------------------------
+
+    def record_failure(
+        self, action: str, kernel_id: str, trigger: str, exc: BaseException, started: float
+    ) -> None:
+        reason = str(exc)
+        self.failures[kernel_id] = {"action": action, "reason": reason, "at": _now()}
+        self.log.warning("Could not %s kernel %s: %s", action, kernel_id, reason)
+        self.record_event(action, kernel_id, trigger, started, status="error", msg=reason)
+
+    def record_event(
+        self,
+        action: str,
+        kernel_id: str | None,
+        trigger: str,
+        started: float,
+        summary: dict[str, Any] | None = None,
+        status: str = "success",
+        **extra: Any,
+    ) -> None:
+        data: dict[str, Any] = {
+            "action": action,
+            "status": status,
+            "trigger": trigger,
+            "seconds": time.perf_counter() - started,
+            **extra,
+        }
+        if kernel_id:
+            data["kernel_id"] = kernel_id
+        if summary:
+            data["image_id"] = summary.get("id") or summary.get("image_id")
+            data["write_seconds"] = summary.get("seconds", 0.0)
+            if "bytes" in summary:
+                data["bytes"] = summary["bytes"]
+            data["missing"] = sorted(summary.get("lost") or summary.get("missing") or {})
+        if self.emit is not None:
+            self.emit(data)

@@ -1,0 +1,120 @@
+"""When kernels are suspended and restored: the ``SuspendPolicy`` configuration.
+
+Every trait is settable in ``jupyter_server_config.py`` (``c.SuspendPolicy.idle_timeout =
+600``) and on the command line (``--SuspendPolicy.idle_timeout=600``). Bad values are
+refused when the server starts, with the trait's name and the allowed range, rather than
+surfacing later as a kernel that is never (or too eagerly) suspended.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, validate
+from traitlets.config import Configurable
+
+log = logging.getLogger(__name__)
+
+# Kernelspec metadata key: {"metadata": {"jupyter_ckpt": {"idle_timeout": 600}}}
+SPEC_METADATA_KEY = "jupyter_ckpt"
+
+
+def _at_least(proposal: Any, minimum: float, strict: bool = False) -> Any:
+    value = proposal["value"]
+    if value < minimum or (strict and value == minimum):
+        relation = "greater than" if strict else "at least"
+        raise TraitError(
+            f"SuspendPolicy.{proposal['trait'].name} must be {relation} {minimum}, got {value!r}"
+        )
+    return value
+
+
+class SuspendPolicy(Configurable):
+    """Which idle kernels are written to an image and shut down, and how they come back."""
+
+    idle_timeout = Float(
+        1800,
+        help="""Seconds a kernel must be idle (no execution, no messages) before it is
+        suspended. 0 turns idle suspension off (manual and shutdown suspend still work).
+        A kernelspec may override it with metadata {"jupyter_ckpt": {"idle_timeout": N}}.""",
+    ).tag(config=True)
+
+    check_interval = Float(30, help="Seconds between two checks of the idle monitor.").tag(
+        config=True
+    )
+
+    gpu_only = Bool(
+        True,
+        help="""Only suspend kernels whose process tree holds GPU memory. Kernels without
+        a GPU are cheap to keep; suspending them would only cost the user a restore.""",
+    ).tag(config=True)
+
+    min_gpu_memory_mb = Int(
+        0, help="With gpu_only, the GPU memory (MiB) a kernel must hold to be suspended."
+    ).tag(config=True)
+
+    suspend_connected = Bool(
+        True,
+        help="""Suspend idle kernels that still have a client connected (an open but
+        unattended browser tab). False keeps every connected kernel running.""",
+    ).tag(config=True)
+
+    on_unsaveable = Enum(
+        ["keep", "suspend"],
+        "keep",
+        help="""What to do when some variables cannot be saved: "keep" leaves the kernel
+        running and reports which variables block suspension; "suspend" accepts their loss.""",
+    ).tag(config=True)
+
+    restore_on = Enum(
+        ["first-message", "connect"],
+        "first-message",
+        help="""When a suspended kernel is restored: on the first message that needs the
+        kernel (execute, complete, inspect, ...), or as soon as a client connects.""",
+    ).tag(config=True)
+
+    suspend_on_shutdown = Bool(
+        True,
+        help="""When the server stops (SIGTERM, hub cull, eviction), suspend every kernel
+        that would lose state, before the kernels are stopped.""",
+    ).tag(config=True)
+
+    shutdown_timeout = Float(
+        120, help="Seconds the server may spend suspending kernels when it stops."
+    ).tag(config=True)
+
+    checkpoint_timeout = Float(
+        600, help="Seconds one kernel may take to write its image before the attempt fails."
+    ).tag(config=True)
+
+    exclude_kernel_names = List(
+        Unicode(), help="Kernel spec names that are never suspended (e.g. ['ir'])."
+    ).tag(config=True)
+
+    @validate("idle_timeout", "min_gpu_memory_mb")
+    def _non_negative(self, proposal: Any) -> Any:
+        return _at_least(proposal, 0)
+
+    @validate("check_interval", "shutdown_timeout", "checkpoint_timeout")
+    def _positive(self, proposal: Any) -> Any:
+        return _at_least(proposal, 0, strict=True)
+
+    def idle_timeout_for(self, spec_metadata: dict[str, Any] | None) -> float:
+        """The idle timeout of a kernel spec: its metadata override, else the policy's."""
+        override = (spec_metadata or {}).get(SPEC_METADATA_KEY, {})
+        value = override.get("idle_timeout") if isinstance(override, dict) else None
+        if value is None:
+            return self.idle_timeout
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            log.warning(
+                "kernelspec metadata %s.idle_timeout=%r is not a number >= 0; using %s",
+                SPEC_METADATA_KEY,
+                value,
+                self.idle_timeout,
+            )
+            return self.idle_timeout
+        return float(value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.class_own_traits(config=True)}

@@ -1,0 +1,157 @@
+"""What the REST API does, as plain async methods testable without tornado."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from jupyter_ckpt import compat
+
+from .manager import CkptManager, SuspendFailed
+from .monitor import IdleMonitor
+
+
+def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    variables = manifest.get("variables", [])
+    kernel = manifest.get("kernel", {})
+    return {
+        "id": manifest["id"],
+        "name": manifest["name"],
+        "created": manifest["created"],
+        "parent": manifest.get("parent"),
+        "kernel_id": kernel.get("id"),
+        "notebook_path": kernel.get("notebook_path"),
+        "devices": manifest.get("devices", []),
+        "size": manifest.get("sizes", {}),
+        "variables_count": len(variables),
+        "lost": [v["name"] for v in variables if v["status"] == "lost"],
+        "python": manifest.get("environment", {}).get("python"),
+    }
+
+
+class CkptService:
+    """Images, resume, suspend-all and status for the REST handlers."""
+
+    def __init__(self, manager: CkptManager, monitor: IdleMonitor, session_manager: Any) -> None:
+        self.manager = manager
+        self.monitor = monitor
+        self.session_manager = session_manager
+        self._node: dict[str, Any] | None = None
+
+    @property
+    def node(self) -> dict[str, Any]:
+        """Node facts change only with a driver reload; asked once."""
+        if self._node is None:
+            self._node = self.manager.probe.node()
+        return self._node
+
+    def _image_states(self) -> dict[str, dict[str, str]]:
+        return {
+            r["image_id"]: {"state": "suspended", "kernel_id": k}
+            for k, r in self.manager.kernel_manager.suspended.items()
+        }
+
+    async def list_images(self) -> list[dict[str, Any]]:
+        entries = await asyncio.to_thread(lambda: list(self.manager.store.iter_manifests()))
+        states = self._image_states()
+        node = self.node
+        images = []
+        for image_id, manifest, error in entries:
+            if manifest is None:
+                images.append({"id": image_id, "state": "invalid", "error": error})
+                continue
+            images.append(
+                {
+                    **image_summary(manifest),
+                    **states.get(image_id, {"state": "saved"}),
+                    "compatibility": compat.check(manifest, node),
+                }
+            )
+        return images
+
+    async def image(self, ref: str) -> dict[str, Any]:
+        manifest = await asyncio.to_thread(self.manager.store.open, ref)
+        return {
+            **image_summary(manifest),
+            **self._image_states().get(manifest["id"], {"state": "saved"}),
+            "variables": manifest.get("variables", []),
+            "environment": manifest.get("environment", {}),
+            "compatibility": compat.check(manifest, self.node),
+        }
+
+    async def delete_image(self, ref: str) -> str:
+        started = time.perf_counter()
+        # The store refuses (ImageInUse) while a suspended kernel needs the image.
+        image_id = await asyncio.to_thread(self.manager.store.delete, ref)
+        self.manager.record_event("delete", None, "api", started, {"id": image_id})
+        return image_id
+
+    async def resume(
+        self, ref: str, path: str | None = None, kernel_name: str | None = None
+    ) -> dict[str, Any]:
+        """Start a new kernel restored from an image, optionally with a notebook session."""
+        manager = self.manager
+        km = manager.kernel_manager
+        started = time.perf_counter()
+        image_id = await asyncio.to_thread(manager.store.resolve, ref)
+        kernel_id = await km.start_kernel(kernel_name=kernel_name, path=path)
+        try:
+            report = await manager.kernel_call(
+                kernel_id, f"restore({image_id!r})", manager.policy.checkpoint_timeout
+            )
+        except SuspendFailed as exc:
+            await km.shutdown_kernel(kernel_id)
+            manager.record_failure("resume", kernel_id, "api", exc, started)
+            raise
+        session = None
+        if path:
+            session = await self.session_manager.create_session(
+                path=path, name=path, type="notebook", kernel_id=kernel_id
+            )
+        manager.record_event("resume", kernel_id, "api", started, report)
+        return {"kernel": km.kernel_model(kernel_id), "session": session, "restore": report}
+
+    async def suspend_all(self, trigger: str, timeout: float | None = None) -> dict[str, Any]:
+        """Suspend every running kernel that would lose state, in parallel, within
+        ``timeout``; kernels that fail keep running and are listed with the reason."""
+        manager = self.manager
+        excluded = set(manager.policy.exclude_kernel_names)
+        km = manager.kernel_manager
+        kernel_ids = [k for k in km.running_ids() if km.get_kernel(k).kernel_name not in excluded]
+        tasks = {k: asyncio.ensure_future(manager.suspend(k, trigger=trigger)) for k in kernel_ids}
+        if tasks:
+            await asyncio.wait(tasks.values(), timeout=timeout)
+        suspended, failed = [], {}
+        for kernel_id, task in tasks.items():
+            if not task.done():
+                task.cancel()
+                failed[kernel_id] = f"not done within {timeout} s"
+            elif task.exception() is not None:
+                failed[kernel_id] = str(task.exception())
+            else:
+                suspended.append(kernel_id)
+        return {"suspended": suspended, "failed": failed}
+
+    async def status(self) -> dict[str, Any]:
+        manager = self.manager
+        km = manager.kernel_manager
+        kernels = []
+        for assessment in await asyncio.to_thread(self.monitor.assess_all):
+            kernels.append(
+                {
+                    **assessment.to_json(),
+                    "state": km.ckpt_states.get(assessment.kernel_id, "running"),
+                    "last_failure": manager.failures.get(assessment.kernel_id),
+                }
+            )
+        kernels.extend(
+            {"kernel_id": k, "kernel_name": record["kernel_name"], **km.ckpt_field(k)}
+            for k, record in list(km.suspended.items())
+        )
+        return {
+            "policy": manager.policy.to_json(),
+            "store": manager.store.backend.url,
+            "node": self.node,
+            "kernels": kernels,
+        }

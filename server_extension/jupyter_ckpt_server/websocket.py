@@ -1,0 +1,223 @@
+"""The kernel websocket, extended so a client can talk to a suspended kernel.
+
+A websocket to a suspended kernel is accepted and served by :class:`SuspendedConnection`:
+what frontends send on every connect must not wake a GPU kernel, so kernel-info requests
+are answered from the kernel info saved at suspend time and comm-info requests with no
+comms (a restored kernel has none). The first shell message that needs the kernel
+(execute, complete, inspect, history, comm) restores it; control and stdin messages (a
+debugger probing on connect) wait without waking it. Queued messages are then handed, in
+order, to the server's ordinary connection, which takes over the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, ClassVar
+
+from jupyter_client.jsonutil import json_default
+from jupyter_core.utils import ensure_async
+from jupyter_server.services.kernels.connection.base import (
+    BaseKernelWebsocketConnection,
+    deserialize_binary_message,
+    deserialize_msg_from_ws_v1,
+    serialize_msg_to_ws_v1,
+)
+from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
+from tornado import web
+from traitlets import Any as AnyTrait
+from traitlets import Unicode
+
+V1 = "v1.kernel.websocket.jupyter.org"
+
+
+def parse_ws_message(ws_msg: str | bytes, subprotocol: str | None) -> tuple[str, dict]:
+    """(channel, header) of a client message, in either websocket protocol."""
+    if subprotocol == V1:
+        channel, parts = deserialize_msg_from_ws_v1(ws_msg)
+        return channel, json.loads(parts[0])
+    msg = deserialize_binary_message(ws_msg) if isinstance(ws_msg, bytes) else json.loads(ws_msg)
+    return msg.get("channel") or "shell", msg["header"]
+
+
+class SuspendedConnection(BaseKernelWebsocketConnection):
+    """Serves a websocket while its kernel is suspended; restores it when needed."""
+
+    kernel_id = Unicode()  # type: ignore[assignment]
+    manager = AnyTrait()
+
+    # kernel id -> connections waiting for its restore that have not yet connected to the
+    # new kernel. No queued message is replayed before all of them are connected: the
+    # server checks a new connection's iopub subscription only while the kernel is idle,
+    # so a reply to one client's queued cell must not make another client miss output.
+    _unconnected: ClassVar[dict[str, set[SuspendedConnection]]] = {}
+    _all_connected: ClassVar[dict[str, asyncio.Event]] = {}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._queue: list[str | bytes] = []
+        self._upgrade: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def _protocol(self) -> str | None:
+        return self.websocket_handler.selected_subprotocol
+
+    async def connect(self) -> None:
+        counts = self.manager.kernel_manager.suspended_connections
+        counts[self.kernel_id] = counts.get(self.kernel_id, 0) + 1
+        if self.manager.policy.restore_on == "connect":
+            # restore after the handshake: browsers give up on slow websocket upgrades
+            self._start_restore("connect")
+
+    def disconnect(self) -> None:  # type: ignore[override]
+        if self._closed:
+            return
+        self._closed = True
+        self._connected_to_kernel()
+        counts = self.manager.kernel_manager.suspended_connections
+        counts[self.kernel_id] = max(0, counts.get(self.kernel_id, 1) - 1)
+
+    def handle_incoming_message(self, incoming_msg: str | bytes) -> None:
+        channel, header = parse_ws_message(incoming_msg, self._protocol)
+        # another client may have restored the kernel meanwhile: then just hand over
+        suspended = self.manager.kernel_manager.is_suspended(self.kernel_id)
+        if self._upgrade is None and suspended:
+            msg_type = header.get("msg_type")
+            if msg_type == "kernel_info_request":
+                info = self.manager.kernel_manager.suspended[self.kernel_id]["kernel_info"]
+                self._reply(channel, header, "kernel_info_reply", info)
+                return
+            if msg_type == "comm_info_request":
+                self._reply(channel, header, "comm_info_reply", {"status": "ok", "comms": {}})
+                return
+        self._queue.append(incoming_msg)
+        if channel == "shell" or not suspended:
+            self._start_restore("message")
+
+    def _start_restore(self, trigger: str) -> None:
+        if self._upgrade is None:
+            self._unconnected.setdefault(self.kernel_id, set()).add(self)
+            self._upgrade = asyncio.ensure_future(self._restore_and_hand_over(trigger))
+
+    def _connected_to_kernel(self) -> None:
+        """Leave the kernel's unconnected set; the last one out releases the others."""
+        peers = self._unconnected.get(self.kernel_id)
+        if peers is None or self not in peers:
+            return
+        peers.discard(self)
+        if not peers:
+            del self._unconnected[self.kernel_id]
+            event = self._all_connected.pop(self.kernel_id, None)
+            if event is not None:
+                event.set()
+
+    async def _wait_for_peers(self) -> None:
+        self._connected_to_kernel()
+        if self.kernel_id in self._unconnected:
+            await self._all_connected.setdefault(self.kernel_id, asyncio.Event()).wait()
+
+    def _send(self, channel: str, msg: dict[str, Any]) -> None:
+        if self._protocol == V1:
+            data = serialize_msg_to_ws_v1(msg, channel, self.session.pack)
+            self.websocket_handler.write_message(data, binary=True)
+        else:
+            self.websocket_handler.write_message(
+                json.dumps({**msg, "channel": channel}, default=json_default)
+            )
+
+    def _reply(self, channel: str, header: dict[str, Any], msg_type: str, content: dict) -> None:
+        """Answer as the kernel would: the reply, then idle on iopub."""
+        self._send(channel, self.session.msg(msg_type, content, parent=header))
+        self._send("iopub", self.session.msg("status", {"execution_state": "idle"}, parent=header))
+
+    async def _restore_and_hand_over(self, trigger: str) -> None:
+        handler = self.websocket_handler
+        try:
+            report = await self.manager.restore(self.kernel_id, trigger=trigger)
+            if not self._closed:
+                await self._hand_over(report)
+        except Exception as exc:
+            self.log.error("Restore of kernel %s failed: %s", self.kernel_id, exc)
+            self._write_error(f"jupyter-ckpt: the kernel could not be started again: {exc}")
+            handler.close()
+        finally:
+            self._connected_to_kernel()
+
+    async def _hand_over(self, report: dict[str, Any]) -> None:
+        handler = self.websocket_handler
+        kernel = self.manager.kernel_manager.get_kernel(self.kernel_id)
+        connection = handler.kernel_websocket_connection_class(
+            parent=kernel, websocket_handler=handler, config=handler.config
+        )
+        connection.session.session = self.session.session
+        await connection.prepare()
+        await ensure_async(connection.connect())
+        await self._wait_for_peers()
+        message = restore_message(report)
+        if message:
+            parent = self._first_header()
+            connection.write_stderr(message, parent)
+        # no await from here on: nothing can arrive between the last replay and the swap
+        for queued in self._queue:
+            connection.handle_incoming_message(queued)
+        self._queue.clear()
+        self.disconnect()
+        handler.connection = connection
+
+    def _first_header(self) -> dict[str, Any]:
+        headers = [parse_ws_message(m, self._protocol)[1] for m in self._queue]
+        executes = [h for h in headers if h.get("msg_type") == "execute_request"]
+        return (executes or headers or [{}])[0]
+
+    def _write_error(self, text: str) -> None:
+        content = {"name": "stderr", "text": text + "\n"}
+        self._send("iopub", self.session.msg("stream", content, parent=self._first_header()))
+
+
+def restore_message(report: dict[str, Any]) -> str:
+    """What the user reads in the notebook after a restore that was not complete."""
+    lines = []
+    if report.get("error"):
+        lines.append(
+            f"jupyter-ckpt: restoring image {report['image_id']} failed: {report['error']}. "
+            "The kernel started without it; the image is kept."
+        )
+    missing = report.get("missing") or {}
+    if missing:
+        lines.append(f"jupyter-ckpt: {len(missing)} variable(s) not restored:")
+        lines.extend(f"  {name}: {why}" for name, why in missing.items())
+    lines.extend(f"jupyter-ckpt: {w}" for w in report.get("warnings") or [])
+    return "\n".join(lines)
+
+
+class CkptKernelWebsocketHandler(KernelWebsocketHandler):
+    """The kernels websocket, accepting connections to suspended kernels."""
+
+    @property
+    def ckpt(self) -> Any:
+        return self.settings["jupyter_ckpt_manager"]
+
+    async def pre_get(self) -> None:
+        ckpt = self.ckpt
+        if not ckpt.kernel_manager.is_suspended(self.kernel_id):
+            return await super().pre_get()
+        authorized = await ensure_async(
+            self.authorizer.is_authorized(self, self.current_user, "execute", "kernels")
+        )
+        if not authorized:
+            raise web.HTTPError(403)
+        self.connection = SuspendedConnection(
+            parent=None,
+            websocket_handler=self,
+            kernel_id=self.kernel_id,
+            manager=ckpt,
+            config=self.config,
+        )
+        session_id = self.get_argument("session_id", None)
+        if session_id:
+            self.connection.session.session = session_id
+
+    def on_message(self, ws_message: str | bytes) -> None:  # type: ignore[override]
+        self.ckpt.note_client_message(self.kernel_id)
+        super().on_message(ws_message)

@@ -1,0 +1,113 @@
+"""A real jupyter server with the jupyter_ckpt extension and real ipykernel kernels.
+
+The idle monitor's own loop is slowed right down here; tests drive it with
+``monitor.tick()`` so that what they assert does not depend on timing, except the one test
+that checks the loop itself.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_ckpt_server.app import SCHEMA_ID
+from jupyter_ckpt_server.manager import CkptManager
+from jupyter_ckpt_server.monitor import IdleMonitor
+from jupyter_client.session import Session
+from pytest_jupyter.jupyter_server import *  # noqa: F403
+from server_helpers import Client
+
+SERVER_CONFIG = {
+    "ServerApp": {
+        "jpserver_extensions": {"jupyter_ckpt_server": True},
+        "kernel_manager_class": "jupyter_ckpt_server.kernelmanager.CkptKernelManager",
+    },
+    "SuspendPolicy": {
+        "idle_timeout": 3600,
+        "check_interval": 3600,
+        "gpu_only": False,
+        "suspend_on_shutdown": False,
+    },
+}
+
+
+@pytest.fixture
+def jp_server_config() -> dict[str, Any]:
+    return json.loads(json.dumps(SERVER_CONFIG))
+
+
+@pytest.fixture
+def manager(jp_serverapp: Any) -> CkptManager:
+    return jp_serverapp.web_app.settings["jupyter_ckpt_manager"]
+
+
+@pytest.fixture
+def monitor(jp_serverapp: Any) -> IdleMonitor:
+    return jp_serverapp.web_app.settings["jupyter_ckpt_monitor"]
+
+
+@pytest.fixture
+def events(jp_serverapp: Any) -> list[dict[str, Any]]:
+    received: list[dict[str, Any]] = []
+
+    async def listener(logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        received.append(data)
+
+    jp_serverapp.event_logger.add_listener(schema_id=SCHEMA_ID, listener=listener)
+    return received
+
+
+@pytest.fixture
+def no_ckpt_kernel(jp_data_dir: Path) -> str:
+    """A python kernel whose environment cannot import jupyter_ckpt."""
+    spec_dir = jp_data_dir / "kernels" / "no-ckpt"
+    spec_dir.mkdir(parents=True)
+    launcher = (
+        "import sys; sys.modules['jupyter_ckpt'] = None; "
+        "from ipykernel.kernelapp import launch_new_instance; launch_new_instance()"
+    )
+    spec = {
+        "argv": [sys.executable, "-c", launcher, "-f", "{connection_file}"],
+        "display_name": "Python without jupyter_ckpt",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    return "no-ckpt"
+
+
+@pytest.fixture
+def connect(
+    jp_ws_fetch: Any, manager: CkptManager
+) -> AsyncIterator[Callable[..., Awaitable[Client]]]:
+    clients: list[Client] = []
+
+    async def open_client(
+        kernel_id: str, session_id: str | None = None, v1: bool = False
+    ) -> Client:
+        session = Session(session=session_id) if session_id else Session()
+        subprotocols = ["v1.kernel.websocket.jupyter.org"] if v1 else None
+        ws = await jp_ws_fetch(
+            "api",
+            "kernels",
+            kernel_id,
+            "channels",
+            params={"session_id": session.session},
+            subprotocols=subprotocols,
+        )
+        km = manager.kernel_manager
+        client = Client(
+            ws,
+            session,
+            ws.selected_subprotocol,
+            lambda: km.get_kernel(kernel_id) if km.is_running(kernel_id) else None,
+        )
+        clients.append(client)
+        return client
+
+    yield open_client
+    for client in clients:
+        client.close()

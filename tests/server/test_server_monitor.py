@@ -1,0 +1,180 @@
+"""The idle monitor on real kernels: what gets suspended, what keeps running and why."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from server_helpers import FakeNvml, poll
+
+from jupyter_ckpt.gpu import GpuProbe
+
+
+@pytest.fixture
+def start_kernel(jp_fetch: Any, connect: Any) -> Callable[..., Awaitable[str]]:
+    """Start a kernel and run one cell in it, as a user would, then disconnect."""
+
+    async def start(name: str = "python3") -> str:
+        r = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": name}))
+        kernel_id = json.loads(r.body)["id"]
+        client = await connect(kernel_id)
+        await client.execute("pass")
+        client.close()
+        return kernel_id
+
+    return start
+
+
+async def idle_for_a_moment(manager: Any, kernel_id: str) -> None:
+    """Wait until the kernel is idle past a tiny idle_timeout."""
+    manager.policy.idle_timeout = 0.2
+    kernel = manager.kernel_manager.get_kernel(kernel_id)
+
+    def idle_long_enough() -> bool:
+        idle = datetime.now(timezone.utc) - kernel.last_activity
+        return kernel.execution_state == "idle" and idle.total_seconds() > 0.3
+
+    await poll(idle_long_enough, what="the kernel to be idle")
+
+
+async def status_of(jp_fetch: Any, kernel_id: str) -> dict[str, Any]:
+    status = json.loads((await jp_fetch("api", "ckpt", "status")).body)
+    return next(k for k in status["kernels"] if k["kernel_id"] == kernel_id)
+
+
+async def test_the_monitor_loop_suspends_an_idle_kernel(
+    jp_fetch, start_kernel, manager, monitor, events
+):
+    kernel_id = await start_kernel()
+    await monitor.stop()
+    manager.policy.check_interval = 0.2
+    await idle_for_a_moment(manager, kernel_id)
+    monitor.start()
+    await poll(lambda: manager.kernel_manager.is_suspended(kernel_id), what="suspension")
+    await poll(lambda: any(e["action"] == "suspend" for e in events), what="the event")
+    event = next(e for e in events if e["action"] == "suspend")
+    assert (event["status"], event["trigger"], event["kernel_id"]) == ("success", "idle", kernel_id)
+    assert event["image_id"] == manager.records.get(kernel_id)["image_id"]
+    assert (await status_of(jp_fetch, kernel_id))["state"] == "suspended"
+
+
+async def test_busy_kernels_are_never_suspended(jp_fetch, start_kernel, connect, manager, monitor):
+    kernel_id = await start_kernel()
+    client = await connect(kernel_id)
+    await idle_for_a_moment(manager, kernel_id)
+    client.send("execute_request", {"code": "import time; time.sleep(4)", "silent": False})
+    kernel = manager.kernel_manager.get_kernel(kernel_id)
+    await poll(lambda: kernel.execution_state == "busy", what="the kernel to be busy")
+    assert await monitor.tick() == []
+    assert "the kernel is busy" in (await status_of(jp_fetch, kernel_id))["blocked_by"]
+    with pytest.raises(Exception, match="busy"):
+        await manager.suspend(kernel_id)
+    assert not manager.kernel_manager.is_suspended(kernel_id)
+
+
+async def test_unsaveable_variables_with_keep_keep_the_kernel(
+    jp_fetch, start_kernel, connect, manager, monitor, events
+):
+    kernel_id = await start_kernel()
+    client = await connect(kernel_id)
+    await client.execute("gen = (i for i in range(3))\nkept = 1")
+    await idle_for_a_moment(manager, kernel_id)
+    assert await monitor.tick() == []
+    assert manager.kernel_manager.is_running(kernel_id)
+    failure = (await status_of(jp_fetch, kernel_id))["last_failure"]
+    assert "on_unsaveable=keep" in failure["reason"] and "gen (" in failure["reason"]
+    assert [e["status"] for e in events if e["action"] == "suspend"] == ["error"]
+    assert manager.store.image_ids() == [], "the partial image is not left behind"
+
+    manager.policy.on_unsaveable = "suspend"
+    await idle_for_a_moment(manager, kernel_id)
+    assert await monitor.tick() == [kernel_id]
+
+
+async def test_a_kernel_without_jupyter_ckpt_keeps_running(
+    jp_fetch, start_kernel, no_ckpt_kernel, manager, monitor, events
+):
+    kernel_id = await start_kernel(no_ckpt_kernel)
+    await idle_for_a_moment(manager, kernel_id)
+    assert await monitor.tick() == []
+    reason = (await status_of(jp_fetch, kernel_id))["last_failure"]["reason"]
+    assert "lacks jupyter_ckpt" in reason
+    assert events[-1]["status"] == "error" and "lacks jupyter_ckpt" in events[-1]["msg"]
+
+
+async def test_a_failed_write_keeps_the_kernel(jp_fetch, start_kernel, connect, manager, monitor):
+    kernel_id = await start_kernel()
+    await (await connect(kernel_id)).execute("data = list(range(1000))")
+    # the store cannot take chunks: a file sits where their directory goes
+    Path(manager.store.backend.url, "chunks").write_text("in the way")
+    await idle_for_a_moment(manager, kernel_id)
+    assert await monitor.tick() == []
+    assert manager.kernel_manager.is_running(kernel_id)
+    reason = (await status_of(jp_fetch, kernel_id))["last_failure"]["reason"]
+    assert reason.startswith("NotADirectoryError") and "chunks" in reason
+
+
+async def test_gpu_only_suspends_only_kernels_holding_gpu_memory(
+    jp_fetch, start_kernel, manager, monitor, events
+):
+    with_gpu, without_gpu = await start_kernel(), await start_kernel()
+    nvml = FakeNvml({0: [(manager.kernel_pid(with_gpu), 3 << 30)]}, live=True)
+    manager.probe = GpuProbe(nvml)
+    manager.policy.gpu_only = True
+    manager.policy.min_gpu_memory_mb = 1024
+    await idle_for_a_moment(manager, with_gpu)
+    await idle_for_a_moment(manager, without_gpu)
+    assert await monitor.tick() == [with_gpu]
+    blocked = (await status_of(jp_fetch, without_gpu))["blocked_by"]
+    assert blocked == ["holds no GPU memory (gpu_only=True)"]
+    assert manager.records.get(with_gpu)["gpu"]["by_device"] == {"0": 3 << 30}
+    await poll(lambda: any(e["action"] == "suspend" for e in events), what="the event")
+    released = next(e for e in events if e["action"] == "suspend")["gpu_release_seconds"]
+    assert released < manager.gpu_release_timeout, "the release was seen, not timed out"
+
+
+async def test_connected_kernels_wait_when_suspend_connected_is_off(
+    jp_fetch, start_kernel, connect, manager, monitor
+):
+    kernel_id = await start_kernel()
+    await connect(kernel_id)
+    manager.policy.suspend_connected = False
+    await idle_for_a_moment(manager, kernel_id)
+    await poll(lambda: manager.kernel_manager._kernel_connections[kernel_id] == 1)
+    assert await monitor.tick() == []
+    manager.policy.exclude_kernel_names = ["python3"]
+    manager.policy.suspend_connected = True
+    blocked = (await status_of(jp_fetch, kernel_id))["blocked_by"]
+    assert blocked == ["kernel name 'python3' is in exclude_kernel_names"]
+
+
+async def test_polling_status_is_not_user_activity(jp_fetch, jp_serverapp):
+    settings = jp_serverapp.web_app.settings
+    await jp_fetch("api", "kernels")
+    before = settings["api_last_activity"]
+    await jp_fetch("api", "ckpt", "status")
+    await jp_fetch("api", "ckpt", "images")
+    assert settings["api_last_activity"] == before
+
+
+async def test_a_kernelspec_can_shorten_idle_timeout(jp_data_dir, start_kernel, manager, monitor):
+    spec_dir = jp_data_dir / "kernels" / "short"
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python, suspended soon",
+        "language": "python",
+        "metadata": {"jupyter_ckpt": {"idle_timeout": 0.2}},
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    default, short = await start_kernel(), await start_kernel("short")
+    await idle_for_a_moment(manager, default)
+    await idle_for_a_moment(manager, short)
+    manager.policy.idle_timeout = 3600
+    assert await monitor.tick() == [short]
+    assert manager.kernel_manager.is_running(default)

@@ -1,0 +1,71 @@
+"""SuspendPolicy: DESIGN section 5 names and defaults, validation, kernelspec override."""
+
+from __future__ import annotations
+
+import pytest
+from jupyter_ckpt_server.policy import SuspendPolicy
+from traitlets import TraitError
+from traitlets.config import Config
+from traitlets.config.application import Application
+
+
+def test_defaults_are_the_designed_ones():
+    policy = SuspendPolicy()
+    assert policy.to_json() == {
+        "idle_timeout": 1800,
+        "check_interval": 30,
+        "gpu_only": True,
+        "min_gpu_memory_mb": 0,
+        "suspend_connected": True,
+        "on_unsaveable": "keep",
+        "restore_on": "first-message",
+        "suspend_on_shutdown": True,
+        "shutdown_timeout": 120,
+        "checkpoint_timeout": 600,
+        "exclude_kernel_names": [],
+    }
+
+
+def test_config_file_and_command_line():
+    config = Config({"SuspendPolicy": {"idle_timeout": 600, "exclude_kernel_names": ["ir"]}})
+    assert SuspendPolicy(config=config).idle_timeout == 600
+
+    app = Application()
+    app.classes = [SuspendPolicy]
+    app.parse_command_line(
+        ["--SuspendPolicy.check_interval=5", "--SuspendPolicy.restore_on=connect"]
+    )
+    policy = SuspendPolicy(config=app.config)
+    assert (policy.check_interval, policy.restore_on) == (5, "connect")
+
+
+@pytest.mark.parametrize(
+    ("trait", "value", "message"),
+    [
+        ("idle_timeout", -1, "idle_timeout must be at least 0"),
+        ("check_interval", 0, "check_interval must be greater than 0"),
+        ("shutdown_timeout", -5, "shutdown_timeout must be greater than 0"),
+        ("min_gpu_memory_mb", -1, "min_gpu_memory_mb must be at least 0"),
+        ("on_unsaveable", "drop", "on_unsaveable"),
+        ("restore_on", "later", "restore_on"),
+    ],
+)
+def test_bad_values_are_refused_with_the_trait_name(trait, value, message):
+    with pytest.raises(TraitError, match=message):
+        SuspendPolicy(config=Config({"SuspendPolicy": {trait: value}}))
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        (None, 1800),
+        ({}, 1800),
+        ({"jupyter_ckpt": {"idle_timeout": 60}}, 60),
+        ({"jupyter_ckpt": {"idle_timeout": 0}}, 0),
+        ({"jupyter_ckpt": {"idle_timeout": "soon"}}, 1800),
+        ({"jupyter_ckpt": {"idle_timeout": -3}}, 1800),
+        ({"jupyter_ckpt": "60"}, 1800),
+    ],
+)
+def test_kernelspec_metadata_overrides_idle_timeout(metadata, expected):
+    assert SuspendPolicy().idle_timeout_for(metadata) == expected

@@ -1,0 +1,118 @@
+"""The /api/ckpt REST API on a real server (DESIGN section 5)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from server_helpers import get_json, poll, start_session, text_of
+from tornado.httpclient import HTTPClientError
+
+
+async def fails_with(status: int, jp_fetch: Any, *parts: str, **kwargs: Any) -> str:
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch(*parts, **kwargs)
+    assert info.value.code == status, info.value.response.body
+    return json.loads(info.value.response.body).get("message", "")
+
+
+async def test_checkpoint_list_show_delete(jp_fetch, connect, events):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("a = [1, 2, 3]\ngen = (i for i in a)")
+    r = await jp_fetch(
+        "api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body='{"name": "v1"}'
+    )
+    saved = json.loads(r.body)
+    assert r.code == 201 and saved["name"] == "v1" and "gen" in saved["lost"]
+
+    images = await get_json(jp_fetch, "api", "ckpt", "images")
+    assert [(i["id"], i["state"], i["variables_count"]) for i in images] == [
+        (saved["id"], "saved", 2)
+    ]
+    assert images[0]["compatibility"]["verdict"] == "compatible"
+    image = await get_json(jp_fetch, "api", "ckpt", "images", "v1")
+    assert {v["name"]: v["status"] for v in image["variables"]} == {"a": "saved", "gen": "lost"}
+
+    r = await jp_fetch("api", "ckpt", "images", saved["id"], method="DELETE")
+    assert r.code == 204
+    assert await get_json(jp_fetch, "api", "ckpt", "images") == []
+    await poll(lambda: len(events) == 2, what="the events")
+    assert [(e["action"], e["status"], e["image_id"]) for e in events] == [
+        ("checkpoint", "success", saved["id"]),
+        ("delete", "success", saved["id"]),
+    ]
+
+
+async def test_clear_errors_for_unknown_ids_and_bad_input(jp_fetch):
+    unknown = "00000000-0000-0000-0000-000000000000"
+    for action in ("checkpoint", "suspend"):
+        message = await fails_with(
+            404, jp_fetch, "api", "ckpt", "kernels", unknown, action, method="POST", body=""
+        )
+        assert unknown in message
+    assert "no image" in await fails_with(404, jp_fetch, "api", "ckpt", "images", "nothing")
+    await fails_with(404, jp_fetch, "api", "ckpt", "images", "nothing", method="DELETE")
+    await fails_with(
+        400, jp_fetch, "api", "ckpt", "images", "x", "resume", method="POST", body="[1]"
+    )
+    _, kernel_id = await start_session(jp_fetch)
+    for bad in ('{"name": "../etc"}', '{"name": 7}', "{not json"):
+        await fails_with(
+            400,
+            jp_fetch,
+            "api",
+            "ckpt",
+            "kernels",
+            kernel_id,
+            "checkpoint",
+            method="POST",
+            body=bad,
+        )
+    await fails_with(
+        400, jp_fetch, "api", "ckpt", "images", "x", "resume", method="POST", body='{"path": 3}'
+    )
+
+
+async def test_requests_without_credentials_are_refused(jp_fetch):
+    for parts in (("api", "ckpt", "status"), ("api", "ckpt", "images")):
+        await fails_with(403, jp_fetch, *parts, headers={"Authorization": "token wrong"})
+
+
+async def test_an_image_a_suspended_kernel_needs_cannot_be_deleted(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("x = 1")
+    r = await jp_fetch("api", "ckpt", "suspend-all", method="POST", body="")
+    assert json.loads(r.body) == {"suspended": [kernel_id], "failed": {}}
+    image_id = manager.records.get(kernel_id)["image_id"]
+    images = await get_json(jp_fetch, "api", "ckpt", "images")
+    assert [(i["id"], i["state"], i["kernel_id"]) for i in images] == [
+        (image_id, "suspended", kernel_id)
+    ]
+    message = await fails_with(409, jp_fetch, "api", "ckpt", "images", image_id, method="DELETE")
+    assert kernel_id in message
+    status = await get_json(jp_fetch, "api", "ckpt", "status")
+    assert status["kernels"][0]["state"] == "suspended"
+    assert status["policy"]["restore_on"] == "first-message" and "gpus" in status["node"]
+    # shutting the suspended kernel down for good releases its image
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    assert await get_json(jp_fetch, "api", "kernels") == []
+    await jp_fetch("api", "ckpt", "images", image_id, method="DELETE")
+
+
+async def test_resume_starts_a_new_kernel_with_a_session(jp_fetch, connect, events):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("total = 99")
+    await jp_fetch(
+        "api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body='{"name": "t"}'
+    )
+    body = json.dumps({"path": "copy.ipynb"})
+    r = await jp_fetch("api", "ckpt", "images", "t", "resume", method="POST", body=body)
+    resumed = json.loads(r.body)
+    assert resumed["restore"]["restored"] == ["total"]
+    new_id = resumed["kernel"]["id"]
+    assert new_id != kernel_id and resumed["session"]["path"] == "copy.ipynb"
+    reply, outputs = await (await connect(new_id)).execute("total")
+    assert (reply["status"], text_of(outputs)) == ("ok", "99")
+    resume = [e for e in events if e["action"] == "resume"]
+    assert [(e["status"], e["kernel_id"]) for e in resume] == [("success", new_id)]

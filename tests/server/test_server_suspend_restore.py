@@ -1,0 +1,156 @@
+"""Suspend a real kernel to an image and bring it back under the same id."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+from jupyter_ckpt_server.manager import SuspendFailed
+from server_helpers import get_json, poll, start_session, text_of
+
+WHERE = "import os; print(os.getcwd(), os.environ['JPY_SESSION_NAME'], os.environ['RUN'])"
+
+
+async def test_suspended_kernel_keeps_id_and_session_then_restores_on_execute(
+    jp_fetch, jp_root_dir, connect, manager
+):
+    (jp_root_dir / "sub").mkdir()
+    session_id, kernel_id = await start_session(jp_fetch, "sub/work.ipynb")
+    client = await connect(kernel_id)
+    code = "import os\nimport numpy as np\nx = np.arange(10)\ny = 'kept'\nos.environ['RUN'] = '7'"
+    reply, _ = await client.execute(code)
+    assert reply["status"] == "ok"
+    _, outputs = await client.execute(WHERE)
+    where = text_of(outputs)
+    assert where.startswith(str(jp_root_dir / "sub"))
+    count = reply["execution_count"]
+    pid = manager.kernel_pid(kernel_id)
+
+    r = await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    image_id = json.loads(r.body)["id"]
+    await poll(lambda: not _alive(pid), what="the kernel process to exit")
+
+    kernels = await get_json(jp_fetch, "api", "kernels")
+    assert [k["id"] for k in kernels] == [kernel_id]
+    assert kernels[0]["ckpt"]["state"] == "suspended"
+    assert kernels[0]["ckpt"]["image"] == image_id
+    model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+    assert model["ckpt"]["state"] == "suspended"
+    sessions = await get_json(jp_fetch, "api", "sessions")
+    assert [(s["id"], s["kernel"]["id"]) for s in sessions] == [(session_id, kernel_id)]
+    assert sessions[0]["kernel"]["ckpt"]["state"] == "suspended"
+
+    # what a frontend sends on connect is answered without waking the kernel
+    client = await connect(kernel_id)
+    info = await client.reply_to(client.send("kernel_info_request", {}))
+    assert info["content"]["implementation"] == "ipython"
+    client.send("debug_request", {"command": "debugInfo"}, channel="control")
+    comms = await client.reply_to(client.send("comm_info_request", {}))
+    assert comms["content"] == {"status": "ok", "comms": {}}
+    assert manager.kernel_manager.is_suspended(kernel_id)
+
+    reply, outputs = await client.execute("print(y, x.sum())")
+    assert reply["status"] == "ok", reply
+    assert text_of(outputs) == "kept 45\n"
+    assert reply["execution_count"] == count + 2
+    _, outputs = await client.execute(WHERE)
+    assert text_of(outputs) == where, "same working directory and environment"
+    model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+    assert model["ckpt"]["state"] == "running"
+    sessions = await get_json(jp_fetch, "api", "sessions")
+    assert [(s["id"], s["kernel"]["id"]) for s in sessions] == [(session_id, kernel_id)]
+    assert not manager.records.all()[0], "the record goes once the kernel runs again"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_concurrent_reconnects_restore_once(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("z = 41")
+    await manager.suspend(kernel_id)
+    first, second, idle = [await connect(kernel_id) for _ in range(3)]
+    (r1, o1), (r2, o2) = await asyncio.gather(first.execute("z + 1"), second.execute("z + 2"))
+    assert (r1["status"], r2["status"]) == ("ok", "ok")
+    assert (text_of(o1), text_of(o2)) == ("42", "43")
+    assert manager.restore_count == 1
+    # a client that slept through the restore reaches the restored kernel
+    info = await idle.reply_to(idle.send("kernel_info_request", {}))
+    assert info["content"]["status"] == "ok"
+    reply, outputs = await idle.execute("z")
+    assert (reply["status"], text_of(outputs), manager.restore_count) == ("ok", "41", 1)
+
+
+async def test_a_failed_restore_starts_the_kernel_and_says_what_is_missing(
+    jp_fetch, connect, manager, events
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("weights = list(range(5000))\nname = 'run-7'")
+    image_id = (await manager.suspend(kernel_id))["id"]
+    store = Path(manager.store.backend.url)
+    for chunk in (store / "chunks").rglob("*"):
+        if chunk.is_file():
+            chunk.write_bytes(b"altered" + chunk.read_bytes()[7:])
+
+    client = await connect(kernel_id, v1=True)
+    reply, outputs = await client.execute("print('running')")
+    assert reply["status"] == "ok"
+    shown = text_of(outputs)
+    assert f"restoring image {image_id} failed" in shown and "altered" in shown
+    assert "weights:" in shown and "name:" in shown
+    assert shown.endswith("running\n")
+    assert manager.kernel_manager.kernel_model(kernel_id)["ckpt"]["state"] == "running"
+    assert manager.store.image_ids() == [image_id], "the image is kept"
+    restore = next(e for e in events if e["action"] == "restore")
+    assert restore["status"] == "error" and "altered" in restore["msg"]
+
+
+async def test_restore_on_connect(jp_fetch, connect, manager, events):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("answer = 42")
+    await manager.suspend(kernel_id)
+    manager.policy.restore_on = "connect"
+    client = await connect(kernel_id)
+    await poll(lambda: manager.kernel_manager.is_running(kernel_id), what="restore on connect")
+    await poll(lambda: not manager.kernel_manager.suspended, what="the restore to finish")
+    reply, outputs = await client.execute("answer")
+    assert (reply["status"], text_of(outputs)) == ("ok", "42")
+    restore = next(e for e in events if e["action"] == "restore")
+    assert (restore["status"], restore["trigger"], restore["missing"]) == ("success", "connect", [])
+
+
+async def test_restart_and_interrupt_of_a_suspended_kernel(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("old = 1")
+    await manager.suspend(kernel_id)
+    r = await jp_fetch("api", "kernels", kernel_id, "interrupt", method="POST", body="")
+    assert r.code == 204 and manager.kernel_manager.is_suspended(kernel_id)
+    r = await jp_fetch("api", "kernels", kernel_id, "restart", method="POST", body="")
+    assert json.loads(r.body)["ckpt"]["state"] == "running"
+    assert manager.records.all() == ({}, {})
+    reply, _ = await (await connect(kernel_id)).execute("old")
+    assert reply["status"] == "error" and reply["ename"] == "NameError", "a restart drops state"
+
+
+async def test_a_client_message_during_suspend_keeps_the_kernel(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("import numpy as np\nbig = np.ones(32 << 20)")
+    suspending = asyncio.ensure_future(manager.suspend(kernel_id))
+    await poll(lambda: manager.kernel_manager.ckpt_states.get(kernel_id) == "suspending")
+    reply, outputs = await client.execute("print(big.shape)")
+    assert (reply["status"], text_of(outputs)) == ("ok", "(33554432,)\n")
+    with pytest.raises(SuspendFailed, match="used the kernel while it was being suspended"):
+        await suspending
+    assert manager.kernel_manager.is_running(kernel_id)
+    assert manager.store.image_ids() == []
