@@ -55,6 +55,16 @@ class CkptKernelManager(AsyncMappingKernelManager):
         return kernel_id in self.suspended and restoring.get() != kernel_id
 
     def is_suspended(self, kernel_id: str) -> bool:
+        """Listed and served as suspended: from the moment its image is committed, while
+        the old process is still shutting down (clients reconnecting then must not attach
+        to a dying kernel; a restore waits for the suspend to finish), until a restore has
+        started the new process."""
+        record = self.suspended.get(kernel_id)
+        return record is not None and (
+            kernel_id not in self._kernels or record["state"] == "suspended"
+        )
+
+    def _has_no_process(self, kernel_id: str) -> bool:
         return kernel_id in self.suspended and kernel_id not in self._kernels
 
     def is_running(self, kernel_id: str) -> bool:
@@ -111,7 +121,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
     def remove_restart_callback(
         self, kernel_id: str, callback: Any, event: str = "restart"
     ) -> None:
-        if not self.is_suspended(kernel_id):
+        if not self._has_no_process(kernel_id):
             super().remove_restart_callback(kernel_id, callback, event)
 
     def start_buffering(self, kernel_id: str, session_key: str, channels: dict) -> None:
@@ -149,7 +159,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
     async def _async_shutdown_kernel(  # type: ignore[override]
         self, kernel_id: str, now: bool = False, restart: bool = False
     ) -> None:
-        if self.is_suspended(kernel_id):
+        if self._has_no_process(kernel_id):
             if self.on_discard is not None:
                 await self.on_discard(kernel_id)
             self.suspended.pop(kernel_id, None)
@@ -170,7 +180,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
     async def _async_restart_kernel(self, kernel_id: str, now: bool = False) -> Any:
         """Restarting a suspended kernel means starting it fresh: its state is dropped,
         as a restart drops a running kernel's state."""
-        if not self.is_suspended(kernel_id):
+        if not self._has_no_process(kernel_id):
             return await super()._async_restart_kernel(kernel_id, now=now)
         record = self.suspended[kernel_id]
         await self._async_shutdown_kernel(kernel_id)

@@ -214,6 +214,8 @@ class CkptManager(LoggingConfigurable):
         # listed as suspended before the process goes, so the id never leaves the listing
         km.suspended[kernel_id] = {**record, "state": "suspended"}
         self.failures.pop(kernel_id, None)
+        # Clients reconnect at once and find the kernel suspended (is_suspended holds from
+        # here on), so they never attach to the process that is shutting down.
         self._close_clients(kernel_id)
         await km.shutdown_kernel(kernel_id, now=False)
         km.launch.pop(kernel_id, None)

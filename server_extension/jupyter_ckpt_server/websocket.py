@@ -66,6 +66,10 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
     async def connect(self) -> None:
         counts = self.manager.kernel_manager.suspended_connections
         counts[self.kernel_id] = counts.get(self.kernel_id, 0) + 1
+        # Frontends ignore the status that follows a kernel-info reply (an untracked
+        # message type), so say "idle" on our own, as the server says "restarting": the
+        # notebook must not look dead while its kernel is suspended.
+        self._send("iopub", self.session.msg("status", {"execution_state": "idle"}))
         if self.manager.policy.restore_on == "connect":
             # restore after the handshake: browsers give up on slow websocket upgrades
             self._start_restore("connect")

@@ -1,0 +1,184 @@
+/** What the panel's buttons and the commands do; failures become notifications. */
+
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
+import { IDocumentManager } from '@jupyterlab/docmanager';
+
+import { showDetails } from './details';
+import { formatBytes } from './format';
+import { KernelStatusModel } from './kernelstatus';
+import { IRowActions } from './panel';
+import { ISessionRow, SavedSessionsModel } from './sessions';
+import { ICkptApi, IResumeReply, IWriteReply } from './types';
+
+function reason(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** "Not saved: gen (TypeError: cannot pickle 'generator' object)" or "". */
+function lostText(lost: Record<string, string> | undefined): string {
+  const entries = Object.entries(lost ?? {});
+  return entries.length
+    ? ` Not saved: ${entries.map(([name, why]) => `${name} (${why})`).join('; ')}.`
+    : '';
+}
+
+export class CkptActions implements IRowActions {
+  constructor(
+    private readonly _app: JupyterFrontEnd,
+    private readonly _docManager: IDocumentManager,
+    private readonly _api: ICkptApi,
+    private readonly _sessions: SavedSessionsModel,
+    private readonly _kernels: KernelStatusModel
+  ) {}
+
+  async checkpoint(kernelId: string): Promise<void> {
+    await this._write('Checkpoint', () => this._api.checkpoint(kernelId));
+  }
+
+  async suspend(kernelId: string): Promise<void> {
+    await this._write('Suspend', () => this._api.suspend(kernelId));
+  }
+
+  /** Open the row's notebook on a kernel restored from its image (a console when the
+   * notebook is gone); a suspended kernel's row opens its notebook as it is. */
+  async resume(row: ISessionRow): Promise<void> {
+    try {
+      const notebook =
+        row.notebook && (await this._exists(row.notebook))
+          ? row.notebook
+          : null;
+      if (row.suspendedKernel) {
+        this._openOn(notebook, row.suspendedKernel);
+        return;
+      }
+      const open = notebook ? this._docManager.findWidget(notebook) : undefined;
+      if (open && !(await this._confirmReplace(notebook!))) {
+        return;
+      }
+      // an unopened notebook gets its session from the server, and attaches to it on open
+      const reply = await this._api.resume(
+        row.image.id,
+        open || !notebook ? {} : { path: notebook }
+      );
+      if (open) {
+        await open.context.sessionContext.changeKernel({ id: reply.kernel.id });
+        this._app.shell.activateById(open.id);
+      } else {
+        this._openOn(notebook, reply.kernel.id);
+      }
+      this._reportResume(row, reply);
+    } catch (error) {
+      Notification.error(`Could not resume ${row.title}: ${reason(error)}`, {
+        autoClose: false
+      });
+    }
+    void this._sessions.refresh();
+  }
+
+  async remove(row: ISessionRow): Promise<void> {
+    const result = await showDialog({
+      title: 'Delete saved session?',
+      body: `Delete image ${row.image.name ?? row.image.id} of ${row.title}? Its variables cannot be restored afterwards.`,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    try {
+      await this._api.deleteImage(row.image.id);
+      Notification.success(`Deleted ${row.title} (${row.image.id}).`, {
+        autoClose: 5000
+      });
+    } catch (error) {
+      // e.g. refused because a suspended kernel needs the image
+      const message = `Not deleted: ${reason(error)}`;
+      this._sessions.note(row.image.id, message);
+      Notification.error(message, { autoClose: false });
+    }
+    await this._sessions.refresh();
+  }
+
+  async details(row: ISessionRow): Promise<void> {
+    try {
+      await showDetails(row.title, await this._api.getImage(row.image.id));
+    } catch (error) {
+      Notification.error(
+        `Could not load the details of ${row.title}: ${reason(error)}`
+      );
+    }
+  }
+
+  private async _write(
+    what: 'Checkpoint' | 'Suspend',
+    call: () => Promise<IWriteReply>
+  ): Promise<void> {
+    const id = Notification.emit(
+      `${what === 'Checkpoint' ? 'Checkpointing' : 'Suspending'} the kernel…`,
+      'in-progress',
+      { autoClose: false }
+    );
+    try {
+      const reply = await call();
+      const lost = lostText(reply.lost);
+      Notification.update({
+        id,
+        message: `${what === 'Checkpoint' ? 'Checkpoint saved' : 'Kernel suspended'}: image ${reply.name} (${formatBytes(reply.bytes)}).${lost}`,
+        type: lost ? 'warning' : 'success',
+        autoClose: lost ? false : 5000
+      });
+    } catch (error) {
+      Notification.update({
+        id,
+        message: `${what} failed: ${reason(error)}`,
+        type: 'error',
+        autoClose: false
+      });
+    }
+    await Promise.all([
+      this._sessions.refresh(),
+      this._kernels.refresh().catch(() => undefined)
+    ]);
+  }
+
+  private _reportResume(row: ISessionRow, reply: IResumeReply): void {
+    const missing = lostText(reply.restore.missing);
+    const message = `Resumed ${row.title} on kernel ${reply.kernel.id}.${missing}`;
+    if (missing) {
+      Notification.warning(message, { autoClose: false });
+    } else {
+      Notification.success(message, { autoClose: 5000 });
+    }
+  }
+
+  private async _exists(path: string): Promise<boolean> {
+    try {
+      await this._app.serviceManager.contents.get(path, { content: false });
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  private _openOn(notebook: string | null, kernelId: string): void {
+    if (notebook) {
+      this._docManager.openOrReveal(notebook, undefined, { id: kernelId });
+    } else {
+      void this._app.commands.execute('console:create', {
+        kernelPreference: { id: kernelId }
+      });
+    }
+  }
+
+  private async _confirmReplace(notebook: string): Promise<boolean> {
+    const result = await showDialog({
+      title: 'Replace the kernel?',
+      body: `${notebook} is open. Resuming connects it to the restored kernel and shuts its current kernel down; that kernel's variables are lost unless you checkpoint it first.`,
+      buttons: [
+        Dialog.cancelButton(),
+        Dialog.warnButton({ label: 'Replace kernel' })
+      ]
+    });
+    return result.button.accept;
+  }
+}

@@ -1,0 +1,156 @@
+/** jupyter-ckpt for JupyterLab: saved-sessions sidebar, kernel status, commands. */
+
+import {
+  ILabShell,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette, Notification } from '@jupyterlab/apputils';
+import { PageConfig } from '@jupyterlab/coreutils';
+import { IDocumentManager } from '@jupyterlab/docmanager';
+import { IMainMenu } from '@jupyterlab/mainmenu';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { Event } from '@jupyterlab/services';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { Poll } from '@lumino/polling';
+
+import { CkptActions } from './actions';
+import { CkptApi } from './api';
+import { ckptIcon } from './icon';
+import { eventNotice, KernelStatusModel } from './kernelstatus';
+import { SavedSessionsPanel } from './panel';
+import { SavedSessionsModel } from './sessions';
+import { KernelStatusItem } from './statusitem';
+import { EVENT_SCHEMA, ICkptEvent } from './types';
+
+namespace CommandIDs {
+  export const checkpoint = 'jupyter-ckpt:checkpoint';
+  export const suspend = 'jupyter-ckpt:suspend';
+  export const showPanel = 'jupyter-ckpt:show-saved-sessions';
+}
+
+/** A safety net for changes no event reports (a `%ckpt save` inside a kernel). The REST
+ * routes it polls do not count as activity, so the server can still go idle. */
+const POLL_INTERVAL_MS = 60 * 1000;
+
+function activate(
+  app: JupyterFrontEnd,
+  docManager: IDocumentManager,
+  tracker: INotebookTracker,
+  palette: ICommandPalette | null,
+  mainMenu: IMainMenu | null,
+  statusBar: IStatusBar | null,
+  labShell: ILabShell | null
+): void {
+  const api = new CkptApi(app.serviceManager.serverSettings);
+  const kernelPaths = () =>
+    new Map(
+      [...app.serviceManager.sessions.running()]
+        .filter(s => s.kernel && s.type === 'notebook')
+        .map(s => [s.kernel!.id, s.path] as [string, string])
+    );
+  const sessions = new SavedSessionsModel(
+    api,
+    kernelPaths,
+    PageConfig.getOption('serverRoot')
+  );
+  const kernels = new KernelStatusModel(api);
+  const actions = new CkptActions(app, docManager, api, sessions, kernels);
+  const panel = new SavedSessionsPanel(sessions, kernels, actions);
+  app.shell.add(panel, 'left', { rank: 700 });
+
+  const poll = new Poll({
+    factory: () => Promise.all([sessions.refresh(), kernels.refresh()]),
+    frequency: {
+      interval: POLL_INTERVAL_MS,
+      backoff: true,
+      max: 10 * POLL_INTERVAL_MS
+    },
+    name: 'jupyter-ckpt:refresh',
+    standby: 'when-hidden'
+  });
+  app.serviceManager.events.stream.connect((_, event: Event.Emission) => {
+    if (event.schema_id !== EVENT_SCHEMA) {
+      return;
+    }
+    void poll.refresh();
+    const notice = eventNotice(event as unknown as ICkptEvent);
+    if (notice) {
+      Notification.error(notice, { autoClose: false });
+    }
+  });
+
+  const currentKernel = (): string | null =>
+    tracker.currentWidget?.sessionContext.session?.kernel?.id ?? null;
+  const canWrite = (): boolean => {
+    const id = currentKernel();
+    return id !== null && !kernels.isSuspended(id);
+  };
+  const withKernel = (run: (id: string) => Promise<void>) => () => {
+    const id = currentKernel();
+    return id ? run(id) : undefined;
+  };
+  app.commands.addCommand(CommandIDs.checkpoint, {
+    label: 'Checkpoint kernel now',
+    caption: 'Save the kernel state to an image and keep the kernel running',
+    isEnabled: canWrite,
+    execute: withKernel(id => actions.checkpoint(id))
+  });
+  app.commands.addCommand(CommandIDs.suspend, {
+    label: 'Suspend kernel now',
+    caption:
+      'Save the kernel state to an image and shut the kernel down to free its GPU',
+    isEnabled: canWrite,
+    execute: withKernel(id => actions.suspend(id))
+  });
+  app.commands.addCommand(CommandIDs.showPanel, {
+    label: 'Show saved sessions',
+    icon: args => (args.isPalette ? undefined : ckptIcon),
+    execute: () => app.shell.activateById(panel.id)
+  });
+  const ids = [CommandIDs.checkpoint, CommandIDs.suspend, CommandIDs.showPanel];
+  for (const command of ids) {
+    palette?.addItem({ command, category: 'Kernel' });
+  }
+  mainMenu?.kernelMenu.addGroup(
+    ids.map(command => ({ command })),
+    50
+  );
+  kernels.changed.connect(() => app.commands.notifyCommandChanged());
+
+  if (statusBar) {
+    const item = new KernelStatusItem(kernels, () =>
+      app.shell.activateById(panel.id)
+    );
+    // the item follows the notebook in front; other documents hide it
+    const follow = () => {
+      const current = labShell ? labShell.currentWidget : tracker.currentWidget;
+      item.session =
+        current && current === tracker.currentWidget
+          ? tracker.currentWidget.sessionContext
+          : null;
+    };
+    tracker.currentChanged.connect(follow);
+    labShell?.currentChanged.connect(follow);
+    follow();
+    statusBar.registerStatusItem('jupyter-ckpt:kernel-status', {
+      item,
+      align: 'left',
+      rank: 4,
+      isActive: () => item.kernelId !== null,
+      activeStateChanged: item.activeStateChanged
+    });
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'jupyter-ckpt:plugin',
+  description:
+    'Saved sessions panel, kernel suspend status and checkpoint commands.',
+  autoStart: true,
+  requires: [IDocumentManager, INotebookTracker],
+  optional: [ICommandPalette, IMainMenu, IStatusBar, ILabShell],
+  activate
+};
+
+export default plugin;

@@ -1,0 +1,304 @@
+/** The Saved sessions sidebar: suspended kernels and saved images, with their actions. */
+
+import { ReactWidget } from '@jupyterlab/ui-components';
+import * as React from 'react';
+
+import { exactTime, formatBytes, relativeTime } from './format';
+import { ckptIcon } from './icon';
+import { KernelStatusModel } from './kernelstatus';
+import { ISessionRow, SavedSessionsModel } from './sessions';
+import { Verdict } from './types';
+
+export interface IRowActions {
+  resume(row: ISessionRow): Promise<void>;
+  remove(row: ISessionRow): Promise<void>;
+  details(row: ISessionRow): Promise<void>;
+}
+
+const VERDICT_LABEL: Record<Verdict, string> = {
+  compatible: 'Compatible',
+  warnings: 'Compatible with warnings',
+  incompatible: 'Incompatible'
+};
+
+export class SavedSessionsPanel extends ReactWidget {
+  constructor(
+    readonly model: SavedSessionsModel,
+    private readonly _kernels: KernelStatusModel,
+    private readonly _actions: IRowActions
+  ) {
+    super();
+    this.id = 'jupyter-ckpt-sessions';
+    this.title.icon = ckptIcon;
+    this.title.caption = 'Saved sessions';
+    this.addClass('jp-CkptPanel');
+    this.node.setAttribute('role', 'region');
+    this.node.setAttribute('aria-label', 'Saved sessions');
+    model.changed.connect(this._onModelChanged, this);
+    _kernels.changed.connect(this.update, this);
+  }
+
+  private _onModelChanged(): void {
+    // set at once, not at the next render: assistive technology (and tests) can tell
+    // whether the list shown is being reloaded
+    this.node.setAttribute('aria-busy', String(this.model.busy));
+    this.update();
+  }
+
+  protected onAfterShow(): void {
+    // the list may have changed while hidden (a %ckpt save writes no server event)
+    void this.model.refresh();
+  }
+
+  render(): JSX.Element {
+    const model = this.model;
+    return (
+      <>
+        <div className="jp-CkptPanel-header">
+          <h2 className="jp-CkptPanel-heading">Saved sessions</h2>
+          <button
+            className="jp-CkptButton"
+            onClick={() => void model.refresh()}
+            aria-label="Refresh saved sessions"
+            title="Refresh saved sessions"
+          >
+            Refresh
+          </button>
+        </div>
+        <input
+          className="jp-CkptPanel-search jp-mod-styled"
+          type="search"
+          placeholder="Filter by notebook name"
+          aria-label="Filter saved sessions by notebook name"
+          value={model.query}
+          onChange={event => (model.query = event.target.value)}
+        />
+        {this._renderState()}
+        {model.rows.length > 0 && (
+          <ul
+            className="jp-CkptPanel-list"
+            aria-label="Saved sessions, newest first"
+          >
+            {model.rows.map(row => this._renderRow(row))}
+          </ul>
+        )}
+      </>
+    );
+  }
+
+  /** What to do when there is nothing (yet) to show. */
+  private _renderState(): JSX.Element | null {
+    const model = this.model;
+    if (model.state === 'error') {
+      return (
+        <div className="jp-CkptPanel-message jp-mod-error" role="alert">
+          <p>Could not load saved sessions: {model.error}</p>
+          <p>
+            Check that the server extension is enabled (
+            <code>jupyter server extension list</code> shows
+            jupyter_ckpt_server), then try again.
+          </p>
+          <button
+            className="jp-CkptButton"
+            onClick={() => void model.refresh()}
+          >
+            Try again
+          </button>
+        </div>
+      );
+    }
+    if (model.state === 'loading') {
+      return (
+        <p className="jp-CkptPanel-message" role="status">
+          Loading saved sessions…
+        </p>
+      );
+    }
+    if (model.allRows.length === 0) {
+      return (
+        <div className="jp-CkptPanel-message" role="status">
+          <p>No saved sessions yet.</p>
+          <p>
+            Idle kernels are saved here automatically. To save one now, use
+            Kernel › Checkpoint kernel now, or run <code>%ckpt save</code> in a
+            notebook after <code>%load_ext jupyter_ckpt</code>.
+          </p>
+        </div>
+      );
+    }
+    if (model.rows.length === 0) {
+      return (
+        <p className="jp-CkptPanel-message" role="status">
+          No saved session matches “{model.query}”. Clear the filter to see all{' '}
+          {model.allRows.length}.
+        </p>
+      );
+    }
+    return null;
+  }
+
+  private _renderRow(row: ISessionRow): JSX.Element {
+    const { image } = row;
+    const now = Date.now();
+    const note = this.model.noteFor(image.id);
+    const titleId = `jp-CkptRow-title-${image.id}`;
+    if (image.state === 'invalid') {
+      return (
+        <li
+          key={image.id}
+          className="jp-CkptRow jp-mod-invalid"
+          data-image-id={image.id}
+          aria-labelledby={titleId}
+        >
+          <div className="jp-CkptRow-title" id={titleId}>
+            {image.id}
+          </div>
+          <p className="jp-CkptRow-problem">Unreadable: {image.error}</p>
+          {note && (
+            <p className="jp-CkptRow-note" role="alert">
+              {note}
+            </p>
+          )}
+          <div className="jp-CkptRow-actions">
+            <button
+              className="jp-CkptButton"
+              onClick={() => void this._actions.remove(row)}
+              aria-label={`Delete unreadable image ${image.id}`}
+            >
+              Delete
+            </button>
+          </div>
+        </li>
+      );
+    }
+    const facts: React.ReactNode[] = [];
+    if (image.created) {
+      facts.push(
+        <span key="when">
+          saved{' '}
+          <time dateTime={image.created} title={exactTime(image.created)}>
+            {relativeTime(image.created, now)}
+          </time>
+        </span>
+      );
+    }
+    if (image.size?.logical !== undefined) {
+      facts.push(<span key="size">{formatBytes(image.size.logical)}</span>);
+    }
+    if (image.variables_count !== undefined) {
+      const n = image.variables_count;
+      facts.push(
+        <span key="vars">{`${n} variable${n === 1 ? '' : 's'}`}</span>
+      );
+    }
+    const gpu = this._gpuText(row);
+    if (gpu) {
+      facts.push(<span key="gpu">{gpu}</span>);
+    }
+    const compat = image.compatibility;
+    const reasonsId = `jp-CkptRow-reasons-${image.id}`;
+    const label = row.title;
+    return (
+      <li
+        key={image.id}
+        className="jp-CkptRow"
+        data-image-id={image.id}
+        aria-labelledby={titleId}
+      >
+        <div
+          className="jp-CkptRow-title"
+          id={titleId}
+          title={row.notebook ?? undefined}
+        >
+          {label}
+          {row.suspendedKernel && (
+            <span
+              className="jp-CkptBadge jp-mod-suspended"
+              title={`Kernel ${row.suspendedKernel} is suspended to this image`}
+            >
+              Suspended kernel
+            </span>
+          )}
+        </div>
+        {image.name && image.name !== label && (
+          <div className="jp-CkptRow-name">{image.name}</div>
+        )}
+        <div className="jp-CkptRow-facts">{facts}</div>
+        {compat && (
+          <div className="jp-CkptRow-compat">
+            <span
+              className={`jp-CkptBadge jp-mod-${compat.verdict}`}
+              title={compat.reasons.join('\n') || 'Restorable on this node'}
+              aria-describedby={compat.reasons.length ? reasonsId : undefined}
+            >
+              {VERDICT_LABEL[compat.verdict]}
+            </span>
+            {compat.reasons.length > 0 && (
+              <ul className="jp-CkptRow-reasons" id={reasonsId}>
+                {compat.reasons.map(reason => (
+                  <li key={reason}>{reason}</li>
+                ))}
+              </ul>
+            )}
+          </div>
+        )}
+        {image.lost && image.lost.length > 0 && (
+          <p className="jp-CkptRow-problem">
+            Not saved: {image.lost.join(', ')}
+          </p>
+        )}
+        {note && (
+          <p className="jp-CkptRow-note" role="alert">
+            {note}
+          </p>
+        )}
+        <div className="jp-CkptRow-actions">
+          <button
+            className="jp-CkptButton jp-mod-accept"
+            onClick={() => void this._actions.resume(row)}
+            aria-label={`${row.suspendedKernel ? 'Open' : 'Resume'} ${label}`}
+            title={
+              row.suspendedKernel
+                ? 'Open the notebook; running a cell restores its kernel'
+                : 'Start a kernel restored from this image and open its notebook'
+            }
+          >
+            {row.suspendedKernel ? 'Open' : 'Resume'}
+          </button>
+          <button
+            className="jp-CkptButton"
+            onClick={() => void this._actions.details(row)}
+            aria-label={`Details of ${label}`}
+          >
+            Details
+          </button>
+          <button
+            className="jp-CkptButton jp-mod-warn"
+            onClick={() => void this._actions.remove(row)}
+            aria-label={`Delete ${label}`}
+          >
+            Delete
+          </button>
+        </div>
+      </li>
+    );
+  }
+
+  /** The GPU the session held: the image's own record, else what its suspended kernel
+   * freed, else the devices its tensors were on. */
+  private _gpuText(row: ISessionRow): string | null {
+    const { gpu, devices } = row.image;
+    const memory =
+      gpu?.memory_bytes ??
+      (row.suspendedKernel
+        ? this._kernels.kernel(row.suspendedKernel)?.gpu_bytes
+        : undefined);
+    const where = gpu?.model ?? devices?.filter(d => d !== 'cpu').join(', ');
+    if (!memory && !where) {
+      return null;
+    }
+    return ['GPU', where, memory ? formatBytes(memory) : null]
+      .filter(Boolean)
+      .join(' ');
+  }
+}

@@ -1,0 +1,163 @@
+/** The saved-sessions list: images and suspended kernels, newest first, filterable. */
+
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { baseName } from './format';
+import { ICkptApi, IImage } from './types';
+
+export interface ISessionRow {
+  image: IImage;
+  /** API path of the notebook (relative to the server root), when known. */
+  notebook: string | null;
+  /** What the row is called: the notebook's file name, else the image's name or id. */
+  title: string;
+  /** The suspended kernel that needs this image, if any. */
+  suspendedKernel: string | null;
+}
+
+/**
+ * The API path of a notebook the kernel recorded as a file-system path (kernels see
+ * `JPY_SESSION_NAME`, an absolute path); null when it lies outside the server root.
+ */
+export function apiPath(
+  notebookPath: string,
+  serverRoot: string
+): string | null {
+  const root = serverRoot.replace(/\/+$/, '');
+  if (!notebookPath.startsWith('/')) {
+    return notebookPath;
+  }
+  return notebookPath.startsWith(root + '/')
+    ? notebookPath.slice(root.length + 1)
+    : null;
+}
+
+/**
+ * Rows for the images, newest first. A suspended kernel's notebook is taken from its live
+ * session (`kernelPaths`), which follows renames; otherwise from the image's manifest.
+ */
+export function sessionRows(
+  images: IImage[],
+  kernelPaths: ReadonlyMap<string, string>,
+  serverRoot: string
+): ISessionRow[] {
+  const rows = images.map(image => {
+    const kernel =
+      image.state === 'suspended' ? (image.kernel_id ?? null) : null;
+    const recorded = image.notebook_path
+      ? apiPath(image.notebook_path, serverRoot)
+      : null;
+    const notebook = (kernel && kernelPaths.get(kernel)) || recorded;
+    return {
+      image,
+      notebook,
+      title: notebook ? baseName(notebook) : image.name || image.id,
+      suspendedKernel: kernel
+    };
+  });
+  const time = (row: ISessionRow) => Date.parse(row.image.created ?? '') || 0;
+  return rows.sort((a, b) => time(b) - time(a));
+}
+
+/** Rows whose notebook path or image name contains `query`, ignoring case. */
+export function filterRows(rows: ISessionRow[], query: string): ISessionRow[] {
+  const needle = query.trim().toLowerCase();
+  if (!needle) {
+    return rows;
+  }
+  return rows.filter(row =>
+    [row.notebook, row.image.name, row.title].some(text =>
+      text?.toLowerCase().includes(needle)
+    )
+  );
+}
+
+export type LoadState = 'loading' | 'ready' | 'error';
+
+/** State of the panel: the image list, what is being searched, load errors. */
+export class SavedSessionsModel {
+  constructor(
+    private readonly _api: Pick<ICkptApi, 'listImages'>,
+    private readonly _kernelPaths: () => ReadonlyMap<string, string>,
+    private readonly _serverRoot: string
+  ) {}
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get state(): LoadState {
+    return this._state;
+  }
+
+  /** Why the last load failed. */
+  get error(): string {
+    return this._error;
+  }
+
+  get query(): string {
+    return this._query;
+  }
+
+  set query(value: string) {
+    this._query = value;
+    this._changed.emit();
+  }
+
+  /** Every row, unfiltered. */
+  get allRows(): ISessionRow[] {
+    return this._rows;
+  }
+
+  get rows(): ISessionRow[] {
+    return filterRows(this._rows, this._query);
+  }
+
+  /** Show `message` on an image's row, such as why a delete was refused. */
+  note(imageId: string, message: string): void {
+    this._notes.set(imageId, message);
+    this._changed.emit();
+  }
+
+  noteFor(imageId: string): string | undefined {
+    return this._notes.get(imageId);
+  }
+
+  /** Load the list; concurrent calls share one request. A failed refresh keeps the rows
+   * that were shown and says why. */
+  refresh(): Promise<void> {
+    if (!this._pending) {
+      this._pending = this._load().finally(() => {
+        this._pending = null;
+        this._changed.emit();
+      });
+      this._changed.emit();
+    }
+    return this._pending;
+  }
+
+  /** Whether a refresh is in flight. */
+  get busy(): boolean {
+    return this._pending !== null;
+  }
+
+  private async _load(): Promise<void> {
+    try {
+      const images = await this._api.listImages();
+      this._rows = sessionRows(images, this._kernelPaths(), this._serverRoot);
+      this._state = 'ready';
+      this._error = '';
+    } catch (reason) {
+      this._state = 'error';
+      this._error = reason instanceof Error ? reason.message : String(reason);
+    }
+  }
+
+  private _changed = new Signal<this, void>(this);
+  private _state: LoadState = 'loading';
+  private _error = '';
+  private _query = '';
+  private _rows: ISessionRow[] = [];
+  private _notes = new Map<string, string>();
+  private _pending: Promise<void> | null = null;
+}

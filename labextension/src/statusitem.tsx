@@ -1,0 +1,109 @@
+/** The status bar item for the current notebook's kernel. */
+
+import { ISessionContext } from '@jupyterlab/apputils';
+import { ReactWidget } from '@jupyterlab/ui-components';
+import { Kernel } from '@jupyterlab/services';
+import { ISignal, Signal } from '@lumino/signaling';
+import * as React from 'react';
+
+import { KernelStatusModel } from './kernelstatus';
+
+export class KernelStatusItem extends ReactWidget {
+  constructor(
+    private readonly _model: KernelStatusModel,
+    private readonly _onClick: () => void
+  ) {
+    super();
+    this.addClass('jp-CkptStatus');
+    _model.changed.connect(this.update, this);
+    // the countdown and the restore timer move without asking the server
+    this._timer = window.setInterval(
+      () => this.isVisible && this.update(),
+      1000
+    );
+  }
+
+  /** Follow the kernel of this session (the current notebook's), or none. */
+  set session(session: ISessionContext | null) {
+    this._session?.kernelChanged.disconnect(this._onKernelChanged, this);
+    this._session = session;
+    session?.kernelChanged.connect(this._onKernelChanged, this);
+    this._watch(session?.session?.kernel ?? null);
+  }
+
+  get kernelId(): string | null {
+    return this._kernel?.id ?? null;
+  }
+
+  /** The status bar shows the item only while it follows a kernel. */
+  get activeStateChanged(): ISignal<this, void> {
+    return this._activeStateChanged;
+  }
+
+  dispose(): void {
+    window.clearInterval(this._timer);
+    super.dispose();
+  }
+
+  render(): JSX.Element | null {
+    const status = this._kernel
+      ? this._model.describe(this._kernel.id, Date.now())
+      : null;
+    if (!status) {
+      return null;
+    }
+    return (
+      <button
+        className={`jp-CkptStatus-button jp-mod-${status.state}`}
+        title={`${status.title} Click to show saved sessions.`}
+        aria-label={`Kernel checkpoint status: ${status.text}. ${status.title}`}
+        onClick={this._onClick}
+      >
+        {status.text}
+      </button>
+    );
+  }
+
+  private _onKernelChanged(
+    _: ISessionContext,
+    change: { newValue: Kernel.IKernelConnection | null }
+  ): void {
+    this._watch(change.newValue);
+  }
+
+  private _watch(kernel: Kernel.IKernelConnection | null): void {
+    this._kernel?.statusChanged.disconnect(this._onStatus, this);
+    this._kernel?.anyMessage.disconnect(this._onMessage, this);
+    this._kernel = kernel;
+    kernel?.statusChanged.connect(this._onStatus, this);
+    kernel?.anyMessage.connect(this._onMessage, this);
+    this._activeStateChanged.emit();
+    this.update();
+    void this._model.refresh().catch(() => undefined);
+  }
+
+  /** Idle again after work: the idle clock restarted on the server. */
+  private _onStatus(_: Kernel.IKernelConnection, status: Kernel.Status): void {
+    if (status === 'idle') {
+      void this._model.refresh().catch(() => undefined);
+    }
+  }
+
+  /** A request that needs the kernel restores a suspended one (DESIGN section 4). */
+  private _onMessage(
+    kernel: Kernel.IKernelConnection,
+    args: Kernel.IAnyMessageArgs
+  ): void {
+    if (
+      args.direction === 'send' &&
+      args.msg.header.msg_type !== 'kernel_info_request'
+    ) {
+      this._model.markRestoring(kernel.id, Date.now());
+    }
+  }
+
+  private _session: ISessionContext | null = null;
+  private _kernel: Kernel.IKernelConnection | null = null;
+  private _timer: number;
+  private _activeStateChanged = new Signal<this, void>(this);
+}

@@ -1,0 +1,111 @@
+/**
+ * Shapes of the jupyter_ckpt_server REST answers (DESIGN section 5). Optional fields are
+ * ones an older server, or an image without GPU state, may leave out.
+ */
+
+export type Verdict = 'compatible' | 'warnings' | 'incompatible';
+
+export interface ICompatibility {
+  verdict: Verdict;
+  reasons: string[];
+}
+
+/** One entry of `GET /api/ckpt/images`. */
+export interface IImage {
+  id: string;
+  /** "saved", "suspended" (a suspended kernel needs it) or "invalid" (unreadable). */
+  state: 'saved' | 'suspended' | 'invalid';
+  name?: string;
+  created?: string;
+  kernel_id?: string | null;
+  notebook_path?: string | null;
+  devices?: string[];
+  size?: { logical?: number; written?: number };
+  variables_count?: number;
+  lost?: string[];
+  compatibility?: ICompatibility;
+  /** GPU the kernel held when the image was written, where the server knows it. */
+  gpu?: { model?: string; memory_bytes?: number };
+  /** Why an invalid image could not be read. */
+  error?: string;
+}
+
+export interface IVariable {
+  name: string;
+  type: string;
+  status: 'saved' | 'imported' | 'lost' | 'excluded';
+  bytes?: number;
+  devices?: string[];
+  reason?: string;
+  module?: string;
+}
+
+/** `GET /api/ckpt/images/{id}`. */
+export interface IImageDetails extends IImage {
+  variables: IVariable[];
+}
+
+export type CkptState = 'running' | 'suspending' | 'suspended' | 'restoring';
+
+/** One kernel of `GET /api/ckpt/status`: running kernels carry the idle monitor's view. */
+export interface IKernelStatus {
+  kernel_id: string;
+  kernel_name?: string;
+  state: CkptState;
+  execution_state?: string;
+  idle_seconds?: number;
+  idle_timeout?: number;
+  seconds_until_suspend?: number | null;
+  blocked_by?: string[];
+  gpu?: { bytes?: number; holds_gpu?: boolean };
+  last_failure?: { action: string; reason: string; at: string } | null;
+  /** Suspended kernels: their image, when they were suspended and the GPU memory freed. */
+  image?: string;
+  suspended_at?: string;
+  gpu_bytes?: number;
+}
+
+export interface IStatusReply {
+  kernels: IKernelStatus[];
+}
+
+/** `POST /api/ckpt/images/{id}/resume`. */
+export interface IResumeReply {
+  kernel: { id: string; name: string };
+  session: { id: string; path: string } | null;
+  restore: { missing?: Record<string, string>; warnings?: string[] };
+}
+
+/** `POST /api/ckpt/kernels/{id}/checkpoint` and `.../suspend`. */
+export interface IWriteReply {
+  id: string;
+  name: string;
+  bytes: number;
+  lost: Record<string, string>;
+}
+
+/** A jupyter_events record of the schema below, as the event stream delivers it. */
+export interface ICkptEvent {
+  schema_id: string;
+  action: 'checkpoint' | 'suspend' | 'restore' | 'resume' | 'delete';
+  status: 'success' | 'error';
+  kernel_id?: string;
+  image_id?: string;
+  msg?: string;
+}
+
+export const EVENT_SCHEMA = 'https://events.jupyter.org/jupyter_ckpt/v1';
+
+/** The REST calls the models and actions make; `CkptApi` implements it over HTTP. */
+export interface ICkptApi {
+  listImages(): Promise<IImage[]>;
+  getImage(id: string): Promise<IImageDetails>;
+  deleteImage(id: string): Promise<void>;
+  resume(
+    id: string,
+    options: { path?: string; kernel_name?: string }
+  ): Promise<IResumeReply>;
+  checkpoint(kernelId: string): Promise<IWriteReply>;
+  suspend(kernelId: string): Promise<IWriteReply>;
+  status(): Promise<IStatusReply>;
+}

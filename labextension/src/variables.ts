@@ -1,0 +1,42 @@
+/** The Details view's table: one line per variable of an image. */
+
+import { formatBytes } from './format';
+import { IVariable } from './types';
+
+export interface IVariableRow {
+  name: string;
+  type: string;
+  size: string;
+  device: string;
+  saved: boolean;
+  /** "saved", "imported from numpy", or why it was not saved. */
+  note: string;
+}
+
+export function variableRows(variables: IVariable[]): IVariableRow[] {
+  const rows = variables.map(v => {
+    const saved = v.status === 'saved' || v.status === 'imported';
+    const note =
+      v.status === 'imported'
+        ? `imported from ${v.module ?? 'a module'}`
+        : saved
+          ? 'saved'
+          : (v.reason ?? v.status);
+    return {
+      name: v.name,
+      type: v.type,
+      size: v.bytes !== undefined ? formatBytes(v.bytes) : '—',
+      device: v.devices?.length
+        ? v.devices.join(', ')
+        : v.status === 'saved'
+          ? 'cpu'
+          : '—',
+      saved,
+      note
+    };
+  });
+  // what was not saved first: that is what the reader is looking for
+  return rows.sort(
+    (a, b) => Number(a.saved) - Number(b.saved) || a.name.localeCompare(b.name)
+  );
+}

@@ -1,0 +1,46 @@
+import { describe, expect, it } from 'vitest';
+
+import {
+  baseName,
+  formatBytes,
+  formatDuration,
+  relativeTime
+} from '../src/format';
+
+describe('formatBytes', () => {
+  it('uses decimal units with one decimal below 100', () => {
+    expect(formatBytes(0)).toBe('0 B');
+    expect(formatBytes(999)).toBe('999 B');
+    expect(formatBytes(12_300_000_000)).toBe('12.3 GB');
+    expect(formatBytes(512_000_000)).toBe('512 MB');
+  });
+});
+
+describe('formatDuration', () => {
+  it('picks the coarsest useful unit', () => {
+    expect(formatDuration(-3)).toBe('0 s');
+    expect(formatDuration(45)).toBe('45 s');
+    expect(formatDuration(14 * 60 + 10)).toBe('14 min');
+    expect(formatDuration(3 * 3600)).toBe('3 h');
+    expect(formatDuration(72 * 3600)).toBe('3 d');
+  });
+});
+
+describe('relativeTime', () => {
+  const now = Date.parse('2026-11-29T12:00:00Z');
+  it('says how long ago', () => {
+    expect(relativeTime('2026-11-29T11:55:00Z', now)).toBe('5 min ago');
+    expect(relativeTime('2026-11-29T11:59:50Z', now)).toBe('just now');
+  });
+  it('reads future and unparsable times as just now', () => {
+    expect(relativeTime('2026-11-29T12:10:00Z', now)).toBe('just now');
+    expect(relativeTime('not a date', now)).toBe('just now');
+  });
+});
+
+describe('baseName', () => {
+  it('keeps the last path component', () => {
+    expect(baseName('work/train.ipynb')).toBe('train.ipynb');
+    expect(baseName('train.ipynb')).toBe('train.ipynb');
+  });
+});

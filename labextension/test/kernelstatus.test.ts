@@ -1,0 +1,166 @@
+import { describe, expect, it } from 'vitest';
+
+import {
+  describeKernel,
+  eventNotice,
+  KernelStatusModel
+} from '../src/kernelstatus';
+import { EVENT_SCHEMA, IKernelStatus } from '../src/types';
+
+const T0 = Date.parse('2026-11-29T12:00:00Z');
+
+function running(extra: Partial<IKernelStatus> = {}): IKernelStatus {
+  return {
+    kernel_id: 'k1',
+    state: 'running',
+    idle_timeout: 1800,
+    seconds_until_suspend: 14 * 60,
+    blocked_by: [],
+    gpu: { bytes: 12_300_000_000, holds_gpu: true },
+    ...extra
+  };
+}
+
+describe('describeKernel', () => {
+  it('shows GPU memory and a countdown that runs between fetches', () => {
+    expect(describeKernel(running(), T0, T0).text).toBe(
+      'GPU 12.3 GB · suspends in 14 min'
+    );
+    expect(describeKernel(running(), T0, T0 + 4 * 60_000).text).toBe(
+      'GPU 12.3 GB · suspends in 10 min'
+    );
+    expect(describeKernel(running(), T0, T0 + 20 * 60_000).text).toBe(
+      'GPU 12.3 GB · suspends soon'
+    );
+  });
+
+  it('leaves GPU out for a kernel that holds none', () => {
+    const s = running({ gpu: { bytes: 0, holds_gpu: false } });
+    expect(describeKernel(s, T0, T0).text).toBe('suspends in 14 min');
+  });
+
+  it('says what blocks suspension, a failed suspend first', () => {
+    const blocked = running({
+      blocked_by: ['the kernel is busy'],
+      seconds_until_suspend: null
+    });
+    expect(describeKernel(blocked, T0, T0)).toMatchObject({
+      state: 'blocked',
+      text: 'GPU 12.3 GB · not suspended: the kernel is busy'
+    });
+    const failed = running({
+      last_failure: {
+        action: 'suspend',
+        reason: 'open file fh',
+        at: '2026-11-29T11:00:00Z'
+      }
+    });
+    expect(describeKernel(failed, T0, T0).text).toBe(
+      'GPU 12.3 GB · not suspended: open file fh'
+    );
+    const checkpointFailed = running({
+      last_failure: {
+        action: 'checkpoint',
+        reason: 'disk full',
+        at: '2026-11-29T11:00:00Z'
+      }
+    });
+    expect(describeKernel(checkpointFailed, T0, T0).state).toBe('running');
+  });
+
+  it('describes suspended, suspending and restoring kernels', () => {
+    const suspended: IKernelStatus = {
+      kernel_id: 'k1',
+      state: 'suspended',
+      image: 'abc',
+      suspended_at: '2026-11-29T11:00:00Z',
+      gpu_bytes: 2_000_000_000
+    };
+    const d = describeKernel(suspended, T0, T0);
+    expect(d.text).toBe('Suspended · run a cell to resume');
+    expect(d.title).toContain('2.0 GB');
+    expect(d.title).toContain('1 h ago');
+    expect(
+      describeKernel({ ...suspended, state: 'suspending' }, T0, T0).text
+    ).toBe('Suspending…');
+    expect(describeKernel(suspended, T0, T0 + 5000, T0).text).toBe(
+      'Restoring… 5 s'
+    );
+    expect(
+      describeKernel({ ...suspended, state: 'restoring' }, T0, T0 + 2000).text
+    ).toBe('Restoring… 2 s');
+  });
+});
+
+describe('KernelStatusModel', () => {
+  function model(states: IKernelStatus['state'][]) {
+    let call = 0;
+    return new KernelStatusModel({
+      status: async () => ({
+        kernels: [
+          {
+            kernel_id: 'k1',
+            state: states[Math.min(call++, states.length - 1)]
+          }
+        ]
+      })
+    });
+  }
+
+  it('marks a suspended kernel restoring until the server sees it running', async () => {
+    const m = model(['suspended', 'suspended', 'running']);
+    await m.refresh();
+    m.markRestoring('k1', Date.now());
+    expect(m.describe('k1', Date.now())?.state).toBe('restoring');
+    await m.refresh(); // a status fetched while the restore runs
+    expect(m.describe('k1', Date.now())?.state).toBe('restoring');
+    await m.refresh();
+    expect(m.describe('k1', Date.now())?.state).toBe('running');
+  });
+
+  it('does not mark running kernels restoring', async () => {
+    const m = model(['running']);
+    await m.refresh();
+    m.markRestoring('k1', Date.now());
+    expect(m.describe('k1', Date.now())?.state).toBe('running');
+    expect(m.describe('unknown', Date.now())).toBeNull();
+  });
+
+  it('is unavailable, and forgets kernels, when the server does not answer', async () => {
+    let fail = false;
+    const m = new KernelStatusModel({
+      status: async () => {
+        if (fail) {
+          throw new Error('404');
+        }
+        return { kernels: [{ kernel_id: 'k1', state: 'running' }] };
+      }
+    });
+    await m.refresh();
+    expect(m.available).toBe(true);
+    fail = true;
+    await expect(m.refresh()).rejects.toThrow('404');
+    expect(m.available).toBe(false);
+    expect(m.kernel('k1')).toBeUndefined();
+  });
+});
+
+describe('eventNotice', () => {
+  const event = { schema_id: EVENT_SCHEMA, kernel_id: 'k1' } as const;
+  it('reports failed restores only', () => {
+    expect(
+      eventNotice({
+        ...event,
+        action: 'restore',
+        status: 'error',
+        msg: 'no GPU'
+      })
+    ).toContain('Could not restore kernel k1: no GPU');
+    expect(
+      eventNotice({ ...event, action: 'restore', status: 'success' })
+    ).toBeNull();
+    expect(
+      eventNotice({ ...event, action: 'suspend', status: 'error' })
+    ).toBeNull();
+  });
+});

@@ -1,0 +1,166 @@
+import { describe, expect, it } from 'vitest';
+
+import {
+  apiPath,
+  filterRows,
+  SavedSessionsModel,
+  sessionRows
+} from '../src/sessions';
+import { IImage } from '../src/types';
+
+const ROOT = '/home/me/notebooks';
+
+function image(
+  id: string,
+  created: string,
+  extra: Partial<IImage> = {}
+): IImage {
+  return { id, state: 'saved', name: `img-${id}`, created, ...extra };
+}
+
+describe('apiPath', () => {
+  it('makes kernel paths relative to the server root', () => {
+    expect(apiPath('/home/me/notebooks/a/train.ipynb', ROOT)).toBe(
+      'a/train.ipynb'
+    );
+    expect(apiPath('/home/me/notebooks/a/train.ipynb', ROOT + '/')).toBe(
+      'a/train.ipynb'
+    );
+    expect(apiPath('a/train.ipynb', ROOT)).toBe('a/train.ipynb');
+  });
+  it('refuses paths outside the root, including look-alike prefixes', () => {
+    expect(apiPath('/tmp/x.ipynb', ROOT)).toBeNull();
+    expect(apiPath('/home/me/notebooks2/x.ipynb', ROOT)).toBeNull();
+  });
+});
+
+describe('sessionRows', () => {
+  it('sorts newest first and names rows after their notebook', () => {
+    const rows = sessionRows(
+      [
+        image('old', '2026-11-28T10:00:00Z', {
+          notebook_path: `${ROOT}/old.ipynb`
+        }),
+        image('new', '2026-11-29T10:00:00Z'),
+        { id: 'broken', state: 'invalid', error: 'bad signature' }
+      ],
+      new Map(),
+      ROOT
+    );
+    expect(rows.map(r => r.image.id)).toEqual(['new', 'old', 'broken']);
+    expect(rows.map(r => r.title)).toEqual(['img-new', 'old.ipynb', 'broken']);
+    expect(rows[1].notebook).toBe('old.ipynb');
+    expect(rows.every(r => r.suspendedKernel === null)).toBe(true);
+  });
+
+  it("follows a suspended kernel's live session path", () => {
+    const [row] = sessionRows(
+      [
+        image('s', '2026-11-29T10:00:00Z', {
+          state: 'suspended',
+          kernel_id: 'k1',
+          notebook_path: `${ROOT}/before-rename.ipynb`
+        })
+      ],
+      new Map([['k1', 'sub/renamed.ipynb']]),
+      ROOT
+    );
+    expect(row.suspendedKernel).toBe('k1');
+    expect(row.notebook).toBe('sub/renamed.ipynb');
+    expect(row.title).toBe('renamed.ipynb');
+  });
+});
+
+describe('filterRows', () => {
+  const rows = sessionRows(
+    [
+      image('a', '2026-11-29T10:00:00Z', {
+        notebook_path: `${ROOT}/Train.ipynb`
+      }),
+      image('b', '2026-11-29T11:00:00Z', {
+        notebook_path: `${ROOT}/eval.ipynb`
+      })
+    ],
+    new Map(),
+    ROOT
+  );
+  it('matches notebook names ignoring case', () => {
+    expect(filterRows(rows, ' train ').map(r => r.image.id)).toEqual(['a']);
+    expect(filterRows(rows, '').length).toBe(2);
+    expect(filterRows(rows, 'nothing')).toEqual([]);
+  });
+});
+
+describe('SavedSessionsModel', () => {
+  it('goes from loading to ready and filters its rows', async () => {
+    const model = new SavedSessionsModel(
+      { listImages: async () => [image('a', '2026-11-29T10:00:00Z')] },
+      () => new Map(),
+      ROOT
+    );
+    let changes = 0;
+    model.changed.connect(() => changes++);
+    expect(model.state).toBe('loading');
+    const done = model.refresh();
+    expect(model.busy).toBe(true);
+    await done;
+    expect(model.busy).toBe(false);
+    expect(model.state).toBe('ready');
+    expect(model.rows).toHaveLength(1);
+    model.query = 'zzz';
+    expect(model.rows).toHaveLength(0);
+    expect(model.allRows).toHaveLength(1);
+    expect(changes).toBe(3); // refresh started, refresh done, query set
+  });
+
+  it('shares one request between concurrent refreshes', async () => {
+    let calls = 0;
+    const model = new SavedSessionsModel(
+      { listImages: async () => (calls++, []) },
+      () => new Map(),
+      ROOT
+    );
+    await Promise.all([model.refresh(), model.refresh()]);
+    expect(calls).toBe(1);
+    await model.refresh();
+    expect(calls).toBe(2);
+  });
+
+  it('keeps the rows it had and says why a refresh failed', async () => {
+    let fail = false;
+    const model = new SavedSessionsModel(
+      {
+        listImages: async () => {
+          if (fail) {
+            throw new Error('server said 500');
+          }
+          return [image('a', '2026-11-29T10:00:00Z')];
+        }
+      },
+      () => new Map(),
+      ROOT
+    );
+    await model.refresh();
+    fail = true;
+    await model.refresh();
+    expect(model.state).toBe('error');
+    expect(model.error).toBe('server said 500');
+    expect(model.allRows).toHaveLength(1);
+  });
+
+  it('keeps row notes, such as why a delete was refused', () => {
+    const model = new SavedSessionsModel(
+      { listImages: async () => [] },
+      () => new Map(),
+      ROOT
+    );
+    let changes = 0;
+    model.changed.connect(() => changes++);
+    model.note('a', 'Not deleted: needed by suspended kernel k1');
+    expect(model.noteFor('a')).toBe(
+      'Not deleted: needed by suspended kernel k1'
+    );
+    expect(model.noteFor('b')).toBeUndefined();
+    expect(changes).toBe(1);
+  });
+});

@@ -1,0 +1,72 @@
+"""Page operations the browser tests share: open a notebook, run a cell, the panel."""
+
+from __future__ import annotations
+
+import re
+
+from browser_lab import OUTPUT, Lab
+from playwright.sync_api import Locator, Page, expect
+
+PANEL = "#jupyter-ckpt-sessions"
+STATUS = ".jp-CkptStatus-button"
+KERNEL_IDLE = re.compile(r"^Python 3.* \| Idle$")
+
+
+def open_notebook(page: Page, lab: Lab, path: str) -> None:
+    """Open ``path`` alone in a fresh workspace and wait until its kernel is idle."""
+    page.goto(
+        f"{lab.url}/lab/workspaces/{path.replace('.', '-')}/tree/{path}?reset&token={lab.token}"
+    )
+    expect(page.locator(".jp-NotebookPanel .jp-Cell").first).to_be_visible()
+    # the status bar names the kernel once it is started: "Python 3 (ipykernel) | Idle"
+    expect(page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)).to_be_visible(
+        timeout=90_000
+    )
+
+
+def run_cell(page: Page, code: str) -> Locator:
+    """Type ``code`` into the last cell, run it, return its output area once it ran."""
+    cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell")
+    index = cells.count()
+    cell = cells.nth(index - 1)  # pinned: `.last` would move to the cell the run adds
+    cell.locator(".cm-content").click()
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+    expect(cells).to_have_count(index + 1)  # run-and-advance adds the next cell
+    expect(cell.locator(".jp-InputArea-prompt")).to_have_text(
+        re.compile(r"\[\d+\]"), timeout=90_000
+    )
+    return cell.locator(".jp-OutputArea")
+
+
+def open_panel(page: Page) -> Locator:
+    panel = page.locator(PANEL)
+    if not panel.is_visible():  # the sidebar tab toggles: a second click would close it
+        page.locator(f".jp-SideBar [data-id='{PANEL[1:]}']").click()
+    expect(panel).to_be_visible()
+    return panel
+
+
+def image_row(panel: Locator, image_id: str) -> Locator:
+    return panel.locator(f".jp-CkptRow[data-image-id^='{image_id}']")
+
+
+def saved_image_id(output: Locator) -> str:
+    """The image id that ``%ckpt save`` printed: "Saved ... as 'name' (3f9a2c51e0b4)"."""
+    match = re.search(r"\(([0-9a-f]{8,})\)", output.inner_text())
+    assert match, output.inner_text()
+    return match.group(1)
+
+
+def screenshot(target: Page | Locator, name: str) -> None:
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    target.screenshot(path=OUTPUT / f"{name}.png")
+
+
+def confirm(page: Page, button: str) -> None:
+    page.locator(".jp-Dialog").get_by_role("button", name=button).click()
+    expect(page.locator(".jp-Dialog")).to_have_count(0)
+
+
+def toast(page: Page, text: str) -> Locator:
+    return page.locator(".jp-toast-message").filter(has_text=text)

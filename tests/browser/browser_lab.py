@@ -1,0 +1,67 @@
+"""The JupyterLab server the browser tests run against, and where their output goes."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+REPO = Path(__file__).resolve().parents[2]
+OUTPUT = REPO / "test-output" / "browser"
+IDLE_TIMEOUT = 20  # long enough for the page to load and a cell to run first
+STEADY_KERNEL = "steady"
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    root: Path
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        request = urllib.request.Request(
+            f"{self.url}/{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"token {self.token}"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read()
+        return json.loads(text) if text else None
+
+    def kernel_of(self, notebook: str) -> str:
+        sessions = self.api("GET", "api/sessions")
+        return next(s["kernel"]["id"] for s in sessions if s["path"] == notebook)
+
+    def notebook(self, name: str, kernel: str = "python3") -> str:
+        """Write an empty notebook on ``kernel``; returns its API path."""
+        content = {
+            "cells": [
+                {
+                    "cell_type": "code",
+                    "execution_count": None,
+                    "id": "c0",
+                    "metadata": {},
+                    "outputs": [],
+                    "source": "",
+                }
+            ],
+            "metadata": {
+                "kernelspec": {"name": kernel, "display_name": kernel, "language": "python"}
+            },
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
+        (self.root / name).write_text(json.dumps(content))
+        return name

@@ -1,0 +1,150 @@
+"""JupyterLab with jupyter-ckpt on loopback, driven by Debian's Chromium through Playwright.
+
+The server runs as a subprocess with its own root, store, secret and Jupyter directories,
+a short ``SuspendPolicy.idle_timeout`` and ``gpu_only=False`` so that CPU kernels are
+suspended too. Notebooks that must not be suspended mid-test use the "steady" kernel spec,
+whose metadata overrides the idle timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_lab import CHROMIUM, CHROMIUM_ARGS, IDLE_TIMEOUT, OUTPUT, STEADY_KERNEL, Lab
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if CHROMIUM.exists():
+        return
+    skip = pytest.mark.skip(reason=f"browser tests need Debian's chromium at {CHROMIUM}")
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+            item.add_marker(skip)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(lab: Lab, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            lab.api("GET", "api/ckpt/status")
+            return
+        except OSError:
+            time.sleep(0.25)  # polling the server's port until it answers
+    raise RuntimeError(f"jupyter lab did not answer within 90 s:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    shutil.rmtree(OUTPUT, ignore_errors=True)  # screenshots and log of this run only
+    base = tmp_path_factory.mktemp("lab")
+    root = base / "root"
+    root.mkdir()
+    data = base / "data"
+    spec = data / "kernels" / STEADY_KERNEL
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (steady)",
+                "language": "python",
+                "metadata": {"jupyter_ckpt": {"idle_timeout": 3600}},
+            }
+        )
+    )
+    # no "get notified about Jupyter news?" toast over the screenshots
+    news = base / "settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)
+    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    env = {
+        **os.environ,
+        "JUPYTER_CKPT_STORE": str(base / "store"),
+        "JUPYTER_CKPT_SECRET_FILE": str(base / "secret"),
+        "JUPYTER_CONFIG_DIR": str(base / "config"),
+        "JUPYTER_DATA_DIR": str(data),
+        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
+    }
+    port, token = _free_port(), secrets.token_hex(16)
+    log = base / "server.log"
+    command = [
+        sys.executable, "-m", "jupyterlab",
+        "--no-browser",
+        "--ServerApp.allow_root=True",  # CI containers run as root
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        f"--SuspendPolicy.idle_timeout={IDLE_TIMEOUT}",
+        "--SuspendPolicy.check_interval=1",
+        "--SuspendPolicy.gpu_only=False",
+        "--SuspendPolicy.suspend_on_shutdown=False",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=root, env=env, stdout=out, stderr=out)
+    lab = Lab(f"http://127.0.0.1:{port}", token, root)
+    try:
+        _wait_ready(lab, process, log)
+        yield lab
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        (OUTPUT / "server.log").write_bytes(log.read_bytes())
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Any, lab: Lab, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh browser context per test; a screenshot of the page when the test failed."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(60_000)
+    page = context.new_page()
+    yield page
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:  # what the page looked like, for the reviewer
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=OUTPUT / f"failed-{request.node.name}.png")
+    context.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

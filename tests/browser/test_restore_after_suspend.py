@@ -1,0 +1,25 @@
+"""The issue's flow: a suspended notebook kernel comes back under its id when a cell runs."""
+
+from __future__ import annotations
+
+from browser_helpers import KERNEL_IDLE, STATUS, open_notebook, run_cell, screenshot
+from browser_lab import IDLE_TIMEOUT, Lab
+from playwright.sync_api import Page, expect
+
+
+def test_running_a_cell_restores_the_suspended_kernel_under_its_id(page: Page, lab: Lab) -> None:
+    notebook = lab.notebook("restore.ipynb")
+    open_notebook(page, lab, notebook)
+    kernel_id = lab.kernel_of(notebook)
+    run_cell(page, "x = 41")
+    status = page.locator(STATUS)
+    expect(status).to_have_text(
+        "Suspended · run a cell to resume", timeout=(IDLE_TIMEOUT + 60) * 1000
+    )
+    # the notebook does not look dead: its kernel reads as idle while suspended
+    kernel_state = page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)
+    expect(kernel_state).to_be_visible(timeout=20_000)
+    expect(run_cell(page, "x + 1")).to_contain_text("42")
+    assert lab.kernel_of(notebook) == kernel_id
+    expect(status).to_contain_text("suspends in")
+    screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-restored")

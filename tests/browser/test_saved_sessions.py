@@ -1,0 +1,161 @@
+"""The saved-sessions panel and the commands, in Chromium, against a real server."""
+
+from __future__ import annotations
+
+import re
+
+from browser_helpers import (
+    PANEL,
+    STATUS,
+    confirm,
+    image_row,
+    open_notebook,
+    open_panel,
+    run_cell,
+    saved_image_id,
+    screenshot,
+    toast,
+)
+from browser_lab import STEADY_KERNEL, Lab
+from playwright.sync_api import Page, expect
+
+
+def use_theme(page: Page, theme: str) -> None:
+    page.locator(".lm-MenuBar-itemLabel:text-is('Settings')").click()
+    page.locator(".lm-Menu-itemLabel:text-is('Theme')").click()
+    page.locator(f".lm-Menu-itemLabel:text-is('{theme}')").click()
+    expect(page.locator("body")).to_have_attribute("data-jp-theme-name", theme)
+    expect(page.locator("#jupyterlab-splash")).to_have_count(0)  # shown while switching
+
+
+def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab) -> None:
+    open_notebook(page, lab, lab.notebook("details.ipynb", STEADY_KERNEL))
+    run_cell(page, "%load_ext jupyter_ckpt")
+    run_cell(page, "x = 41; fh = open('scratch.txt', 'w')")
+    image_id = saved_image_id(run_cell(page, "%ckpt save with-file"))
+
+    panel = open_panel(page)
+    row = image_row(panel, image_id)
+    expect(row).to_contain_text("details.ipynb")
+    expect(row).to_contain_text("with-file")
+    expect(row).to_contain_text("Not saved: fh")
+    expect(row.locator(".jp-CkptBadge.jp-mod-compatible")).to_have_text("Compatible")
+    expect(row.locator("time")).to_have_attribute("title", re.compile(r"2\d\d\d"))  # exact time
+    screenshot(page.locator(PANEL), "panel")
+
+    search = panel.get_by_role("searchbox", name="Filter saved sessions by notebook name")
+    search.fill("nothing-like")
+    expect(row).to_have_count(0)
+    expect(panel).to_contain_text("No saved session matches")
+    search.fill("DETAILS")
+    expect(row).to_have_count(1)
+
+    # keyboard: from the filter, Tab reaches the row's buttons in reading order
+    search.press("Tab")
+    expect(row.get_by_role("button", name="Resume details.ipynb")).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(row.get_by_role("button", name="Details of details.ipynb")).to_be_focused()
+    page.keyboard.press("Enter")
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog.locator("tr[data-variable='fh']")).to_contain_text(
+        re.compile(r"not saved: \w+Error")
+    )
+    expect(dialog.locator("tr[data-variable='x']")).to_contain_text("saved")
+    screenshot(dialog.locator(".jp-Dialog-content"), "details")
+    confirm(page, "Close")
+
+    use_theme(page, "JupyterLab Dark")
+    screenshot(page.locator(PANEL), "panel-dark")
+    use_theme(page, "JupyterLab Light")
+
+    row.get_by_role("button", name="Delete details.ipynb").click()
+    confirm(page, "Delete")
+    expect(row).to_have_count(0)
+    assert not any(i["id"].startswith(image_id) for i in lab.api("GET", "api/ckpt/images"))
+
+
+def run_command(page: Page, label: str) -> None:
+    """Run a command from the command palette, as a keyboard user does."""
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").click()
+    page.keyboard.press("Control+Shift+C")
+    palette = page.locator(".lm-CommandPalette-input")
+    expect(palette).to_be_focused()
+    palette.fill(label)
+    page.locator(".lm-CommandPalette-item.lm-mod-active").filter(has_text=label).click()
+
+
+def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: Lab) -> None:
+    notebook = lab.notebook("commands.ipynb", STEADY_KERNEL)
+    open_notebook(page, lab, notebook)
+    run_cell(page, "fh = open('scratch.txt', 'w'); y = 1")
+    expect(page.locator(STATUS)).to_have_text("suspends in 1 h")
+
+    run_command(page, "Checkpoint kernel now")
+    expect(toast(page, "Checkpoint saved")).to_contain_text("Not saved: fh")
+    kernel_id = lab.kernel_of(notebook)
+    assert any(i.get("kernel_id") == kernel_id for i in lab.api("GET", "api/ckpt/images"))
+
+    # on_unsaveable="keep": the kernel stays up and the notification names the variable
+    run_command(page, "Suspend kernel now")
+    expect(toast(page, "Suspend failed: variables cannot be saved")).to_contain_text("fh")
+    expect(page.locator(STATUS)).to_contain_text("not suspended: variables cannot be saved")
+    screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-not-suspended")
+
+    run_command(page, "Show saved sessions")
+    panel = page.locator(PANEL)
+    expect(panel).to_be_visible()
+    expect(panel.locator(".jp-CkptRow").first).to_contain_text("commands.ipynb")
+
+    # a checkpoint made elsewhere reaches the open panel through the server's events,
+    # well before the panel's once-a-minute refresh
+    expect(panel).to_have_attribute("aria-busy", "false")  # the refresh on show is over
+    lab.api("POST", f"api/ckpt/kernels/{kernel_id}/checkpoint", {"name": "from-elsewhere"})
+    expect(panel.locator(".jp-CkptRow").filter(has_text="from-elsewhere")).to_be_visible(
+        timeout=15_000
+    )
+
+    page.locator(".lm-MenuBar-itemLabel:text-is('Kernel')").click()
+    for label in ("Checkpoint kernel now", "Suspend kernel now", "Show saved sessions"):
+        expect(page.locator(f".lm-Menu-itemLabel:text-is('{label}')")).to_be_visible()
+    page.keyboard.press("Escape")
+
+
+def test_resume_an_image_into_its_notebook(page: Page, lab: Lab) -> None:
+    notebook = lab.notebook("resume.ipynb", STEADY_KERNEL)
+    open_notebook(page, lab, notebook)
+    run_cell(page, "%load_ext jupyter_ckpt")
+    run_cell(page, "y = 7")
+    image_id = saved_image_id(run_cell(page, "%ckpt save for-resume"))
+    old_kernel = lab.kernel_of(notebook)
+    # the notebook is closed and its kernel gone: only the image remains
+    page.locator(".jp-mod-current .lm-TabBar-tabCloseIcon").click()
+    confirm(page, "Discard")
+    expect(page.locator(".jp-NotebookPanel")).to_have_count(0)
+    lab.api("DELETE", f"api/kernels/{old_kernel}")
+
+    row = image_row(open_panel(page), image_id)
+    row.get_by_role("button", name="Resume resume.ipynb").click()
+    expect(toast(page, "Resumed resume.ipynb")).to_be_visible()
+    expect(run_cell(page, "y * 6")).to_contain_text("42")
+    assert lab.kernel_of(notebook) != old_kernel
+
+
+def test_resume_without_its_notebook_opens_a_console(page: Page, lab: Lab) -> None:
+    notebook = lab.notebook("gone.ipynb", STEADY_KERNEL)
+    open_notebook(page, lab, notebook)
+    run_cell(page, "%load_ext jupyter_ckpt")
+    run_cell(page, "z = 5")
+    image_id = saved_image_id(run_cell(page, "%ckpt save before-delete"))
+    page.locator(".jp-mod-current .lm-TabBar-tabCloseIcon").click()
+    confirm(page, "Discard")
+    lab.api("DELETE", f"api/kernels/{lab.kernel_of(notebook)}")
+    lab.api("DELETE", f"api/contents/{notebook}")
+
+    row = image_row(open_panel(page), image_id)
+    row.get_by_role("button", name="Resume gone.ipynb").click()
+    console = page.locator(".jp-CodeConsole")
+    expect(console).to_be_visible()
+    console.locator(".jp-CodeConsole-promptCell .cm-content").click()
+    page.keyboard.type("z * 2")
+    page.keyboard.press("Shift+Enter")
+    expect(console.locator(".jp-CodeConsole-content .jp-OutputArea-output")).to_have_text("10")

@@ -1,0 +1,45 @@
+"""An idle notebook kernel is suspended and shown as such, and its image is kept."""
+
+from __future__ import annotations
+
+from browser_helpers import (
+    PANEL,
+    STATUS,
+    confirm,
+    open_notebook,
+    open_panel,
+    run_cell,
+    screenshot,
+    toast,
+)
+from browser_lab import IDLE_TIMEOUT, Lab
+from playwright.sync_api import Page, expect
+
+
+def test_idle_kernel_is_suspended_and_its_image_kept(page: Page, lab: Lab) -> None:
+    notebook = lab.notebook("idle.ipynb")  # the server's short idle timeout applies
+    open_notebook(page, lab, notebook)
+    kernel_id = lab.kernel_of(notebook)
+    run_cell(page, "x = 41")
+    status = page.locator(STATUS)
+    expect(status).to_contain_text("suspends in")
+
+    expect(status).to_have_text(
+        "Suspended · run a cell to resume", timeout=(IDLE_TIMEOUT + 60) * 1000
+    )
+    # the kernel keeps its id: the notebook's session still points at it
+    assert lab.kernel_of(notebook) == kernel_id
+    screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-suspended")
+
+    panel = open_panel(page)
+    row = panel.locator(".jp-CkptRow").filter(has_text="idle.ipynb")
+    expect(row.locator(".jp-CkptBadge.jp-mod-suspended")).to_have_text("Suspended kernel")
+    expect(row.get_by_role("button", name="Open idle.ipynb")).to_be_visible()
+
+    # the image a suspended kernel needs cannot be deleted; the row says why
+    row.get_by_role("button", name="Delete idle.ipynb").click()
+    confirm(page, "Delete")
+    expect(row.locator(".jp-CkptRow-note")).to_contain_text("needed by suspended kernel")
+    expect(toast(page, "Not deleted")).to_be_visible()
+    screenshot(page.locator(PANEL), "panel-suspended")
+    assert any(i.get("kernel_id") == kernel_id for i in lab.api("GET", "api/ckpt/images"))

@@ -1,0 +1,23 @@
+"""The JupyterLab extension's TypeScript unit tests (vitest), run as part of the one test
+command: `pip install -e .` builds the extension and leaves its node_modules in place."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(
+    not (ROOT / "node_modules" / ".bin" / "vitest").exists() or shutil.which("npm") is None,
+    reason="the labextension's npm dependencies are not installed (pip install -e . does it)",
+)
+def test_typescript_models() -> None:
+    result = subprocess.run(
+        ["npm", "test", "--silent"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
