@@ -27,7 +27,23 @@ def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
         "variables_count": len(variables),
         "lost": [v["name"] for v in variables if v["status"] == "lost"],
         "python": manifest.get("environment", {}).get("python"),
+        "gpu": _gpu_summary(manifest),
     }
+
+
+def _gpu_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The GPU model the image's tensors were on and the bytes they held there."""
+    cuda = [d for d in manifest.get("devices", []) if d.startswith("cuda")]
+    if not cuda:
+        return None
+    gpus = {g["index"]: g for g in manifest.get("gpu", {}).get("gpus", [])}
+    first = gpus.get(int(cuda[0].partition(":")[2] or 0), {})
+    held = sum(
+        v.get("bytes", 0)
+        for v in manifest.get("variables", [])
+        if any(d.startswith("cuda") for d in v.get("devices", []))
+    )
+    return {"model": first.get("name"), "memory_bytes": held}
 
 
 class CkptService:

@@ -25,11 +25,16 @@ from browser_lab import CHROMIUM, CHROMIUM_ARGS, IDLE_TIMEOUT, OUTPUT, STEADY_KE
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Browser tests run last: while its browser is open, Playwright's sync API keeps an
+    event loop running in the main thread, which the async server tests cannot share."""
+    here = Path(__file__).parent
+    mine = {id(item) for item in items if Path(str(item.fspath)).is_relative_to(here)}
+    items.sort(key=lambda item: id(item) in mine)  # stable: each group keeps its order
     if CHROMIUM.exists():
         return
     skip = pytest.mark.skip(reason=f"browser tests need Debian's chromium at {CHROMIUM}")
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+        if id(item) in mine:
             item.add_marker(skip)
 
 

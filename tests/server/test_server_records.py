@@ -47,3 +47,19 @@ def test_altered_or_misnamed_records_are_refused(records, tmp_path):
 def test_kernel_ids_cannot_name_paths(records):
     with pytest.raises(InvalidReference):
         records.get("../images")
+
+
+def test_image_summary_names_the_gpu_and_the_bytes_held_there() -> None:
+    from jupyter_ckpt_server.service import image_summary
+
+    manifest = {
+        "id": "f" * 32, "name": "n", "created": "2026-01-01T00:00:00+00:00",
+        "devices": ["cpu", "cuda:1"],
+        "gpu": {"gpus": [{"index": 0, "name": "A100"}, {"index": 1, "name": "H100"}]},
+        "variables": [
+            {"name": "w", "status": "saved", "bytes": 4096, "devices": ["cuda:1"]},
+            {"name": "x", "status": "saved", "bytes": 10, "devices": ["cpu"]},
+        ],
+    }  # fmt: skip
+    assert image_summary(manifest)["gpu"] == {"model": "H100", "memory_bytes": 4096}
+    assert image_summary({**manifest, "devices": ["cpu"]})["gpu"] is None
