@@ -20,7 +20,7 @@ import errno
 import os
 import secrets
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..errors import CkptError
 
@@ -293,10 +293,10 @@ class FsspecBackend:
         return self.exists(path)
 
     def mtime(self, path: str) -> float | None:
-        for found, mtime, _ in self.walk_files(path):
-            if found == path:
-                return mtime
-        return None
+        try:
+            return _modified(self.fs.info(self._abs(path)))
+        except FileNotFoundError:
+            return None
 
     def listdir(self, path: str) -> list[str]:
         try:
@@ -311,13 +311,17 @@ class FsspecBackend:
         except FileNotFoundError:
             return
         for full, info in found.items():
-            modified = info.get("LastModified") or info.get("mtime") or info.get("created") or 0
-            mtime = modified.timestamp() if hasattr(modified, "timestamp") else float(modified)
-            yield full[len(self.root) + 1 :], mtime, int(info.get("size") or 0)
+            yield full[len(self.root) + 1 :], _modified(info), int(info.get("size") or 0)
 
     def remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self._abs(path), recursive=True)
+
+
+def _modified(info: dict[str, Any]) -> float:
+    """An fsspec entry's modification time; each file system names it its own way."""
+    modified = info.get("LastModified") or info.get("mtime") or info.get("created") or 0
+    return modified.timestamp() if hasattr(modified, "timestamp") else float(modified)
 
 
 def open_backend(

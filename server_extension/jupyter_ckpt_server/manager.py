@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import time
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,7 +26,6 @@ from traitlets.config import LoggingConfigurable
 from jupyter_ckpt.errors import CkptError
 from jupyter_ckpt.gpu import GpuProbe, GpuSnapshot, GpuUsage
 from jupyter_ckpt.store import ImageStore
-from jupyter_ckpt.store.records import KernelRecords
 
 from .kernelmanager import CkptKernelManager, restoring
 from .policy import SuspendPolicy
@@ -39,6 +39,20 @@ class SuspendFailed(CkptError):
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+async def _shared(
+    tasks: dict[str, asyncio.Task[dict[str, Any]]],
+    kernel_id: str,
+    start: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+) -> dict[str, Any]:
+    """Run ``start()`` once per kernel at a time; callers arriving meanwhile share its
+    result, and cancelling one caller does not cancel the others' work."""
+    task = tasks.get(kernel_id)
+    if task is None:
+        task = tasks[kernel_id] = asyncio.ensure_future(start())
+        task.add_done_callback(lambda _: tasks.pop(kernel_id, None))
+    return await asyncio.shield(task)
 
 
 def _describe_lost(lost: dict[str, str]) -> str:
@@ -60,7 +74,7 @@ class CkptManager(LoggingConfigurable):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.records = KernelRecords(self.store)
+        self.records = self.store.records
         # kernel id -> why its last checkpoint or suspend failed (shown in status)
         self.failures: dict[str, dict[str, Any]] = {}
         self._suspending: dict[str, asyncio.Task[dict[str, Any]]] = {}
@@ -151,13 +165,9 @@ class CkptManager(LoggingConfigurable):
     async def suspend(self, kernel_id: str, trigger: str = "api") -> dict[str, Any]:
         """Write the kernel's image, record it, shut the kernel down; raise SuspendFailed
         (the kernel keeps running) if any step fails. One suspend per kernel at a time."""
-        task = self._suspending.get(kernel_id)
-        if task is None:
+        if kernel_id not in self._suspending:
             self._interrupted.discard(kernel_id)
-            task = asyncio.ensure_future(self._suspend(kernel_id, trigger))
-            self._suspending[kernel_id] = task
-            task.add_done_callback(lambda _: self._suspending.pop(kernel_id, None))
-        return await asyncio.shield(task)
+        return await _shared(self._suspending, kernel_id, lambda: self._suspend(kernel_id, trigger))
 
     def note_client_message(self, kernel_id: str) -> None:
         """A client sent the kernel a message: a suspend in progress must not shut it down."""
@@ -290,12 +300,7 @@ class CkptManager(LoggingConfigurable):
     async def restore(self, kernel_id: str, trigger: str = "message") -> dict[str, Any]:
         """Start the suspended kernel under its id and restore its image into it. Callers
         that arrive while a restore runs share it: concurrent reconnects restore once."""
-        task = self._restores.get(kernel_id)
-        if task is None:
-            task = asyncio.ensure_future(self._restore(kernel_id, trigger))
-            self._restores[kernel_id] = task
-            task.add_done_callback(lambda _: self._restores.pop(kernel_id, None))
-        return await asyncio.shield(task)
+        return await _shared(self._restores, kernel_id, lambda: self._restore(kernel_id, trigger))
 
     async def _restore(self, kernel_id: str, trigger: str) -> dict[str, Any]:
         km = self.kernel_manager
