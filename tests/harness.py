@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,3 +128,11 @@ def load_namespace(store: ImageStore, ref: str) -> dict[str, Any]:
 def chunk_files(manifest: dict[str, Any]) -> set[str]:
     """The store paths of an image's chunks."""
     return {chunk_path(d) for s in manifest["segments"] for d, _ in s["chunks"]}
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)

@@ -8,7 +8,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from harness import Kernel, Paths, load_namespace, save_namespace
+from harness import Kernel, Paths, load_namespace, save_namespace, wait_for
 
 from jupyter_ckpt.errors import IntegrityError
 from jupyter_ckpt.store import ImageStore, chunk_path
@@ -41,16 +40,20 @@ def endpoint() -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
-    while True:
+
+    def answers() -> bool:
+        assert server.poll() is None, f"moto server exited with {server.returncode}"
         try:
             urllib.request.urlopen(url, timeout=1).close()
-            break
         except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise RuntimeError("moto server did not start") from None
-            time.sleep(0.1)
+            return False
+        return True
+
+    try:
+        wait_for(answers, 60, "the S3 server to answer")
+    except AssertionError:
+        server.kill()
+        raise
     import s3fs
 
     s3fs.S3FileSystem(endpoint_url=url, **CREDENTIALS).mkdir(BUCKET)

@@ -12,13 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from harness import chunk_files, load_namespace, save_namespace
+from harness import chunk_files, load_namespace, save_namespace, wait_for
 
 from jupyter_ckpt import image
 from jupyter_ckpt.errors import AmbiguousReference, ImageNotFound, IntegrityError
@@ -43,13 +42,6 @@ def save(store: ImageStore, name: str, **variables: Any) -> dict[str, Any]:
 
 def stored_chunks(store: ImageStore) -> set[str]:
     return {path for path, *_ in store.backend.walk_files("chunks")}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def test_killed_writer_leaves_no_image(store: ImageStore, tmp_path: Path) -> None:
