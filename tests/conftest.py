@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from harness import Kernel, Paths
+from harness import BUCKET, CREDENTIALS, Kernel, MotoServer, Paths
 
 from jupyter_ckpt.store import ImageStore
 
@@ -42,10 +42,33 @@ def start_kernel(ckpt_paths: Paths) -> Iterator[Callable[..., Kernel]]:
 @pytest.fixture(scope="module")
 def kernel_store(ckpt_paths: Paths) -> ImageStore:
     """The store of the module's kernels, opened in the test process."""
-    return ImageStore(url=str(ckpt_paths.store), secret_file=str(ckpt_paths.secret))
+    return ckpt_paths.open_store()
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> ImageStore:
     """A private store for one in-process test."""
     return ImageStore(url=str(tmp_path / "store"), secret_file=str(tmp_path / "keys" / "secret"))
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoServer]:
+    """moto's S3 server on loopback, one per test module."""
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def endpoint(moto: MotoServer) -> str:
+    return moto.url
+
+
+@pytest.fixture
+def s3_store(endpoint: str, tmp_path: Path) -> ImageStore:
+    """A private store on the S3 server for one in-process test."""
+    return ImageStore(
+        url=f"s3://{BUCKET}/{tmp_path.name}",
+        secret_file=str(tmp_path / "secret"),
+        storage_options={"endpoint_url": endpoint, **CREDENTIALS},
+    )

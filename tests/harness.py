@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +45,10 @@ class Paths:
     def secret(self) -> Path:
         return self.root / "keys" / "secret"
 
+    def open_store(self) -> ImageStore:
+        """The kernels' store, opened in the test process."""
+        return ImageStore(url=str(self.store), secret_file=str(self.secret))
+
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
@@ -51,6 +60,83 @@ class Paths:
                 p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p
             ),
         }
+
+
+BUCKET = "ckpt-test"
+CREDENTIALS = {"key": "testing", "secret": "testing"}
+
+
+class S3Paths(Paths):
+    """Kernels whose store is on S3, configured through the environment only; ``options``
+    go to fsspec too (timeouts, retries)."""
+
+    def __init__(self, root: Path, endpoint: str, options: dict[str, Any] | None = None) -> None:
+        super().__init__(root)
+        self.endpoint = endpoint
+        self.options = options or {}
+
+    @property
+    def url(self) -> str:
+        return f"s3://{BUCKET}/{self.root.name}"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **super().env(),
+            "JUPYTER_CKPT_STORE": self.url,
+            "FSSPEC_S3": json.dumps({"endpoint_url": self.endpoint, **CREDENTIALS, **self.options}),
+        }
+
+    def open_store(self) -> ImageStore:
+        """The kernels' store, opened in the test process."""
+        return ImageStore(
+            url=self.url,
+            secret_file=str(self.secret),
+            storage_options={"endpoint_url": self.endpoint, **CREDENTIALS},
+        )
+
+
+class MotoServer:
+    """moto's S3 server on a free loopback port, with one bucket. ``pause`` stops the
+    process (SIGSTOP: requests hang until the client gives up) and ``resume`` lets it go
+    on with every object it held; killing it would lose them (moto keeps them in RAM)."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for(self._answers, 60, "the S3 server to answer")
+        except AssertionError:
+            self.process.kill()
+            raise
+        import s3fs
+
+        s3fs.S3FileSystem(endpoint_url=self.url, **CREDENTIALS).mkdir(BUCKET)
+
+    def _answers(self) -> bool:
+        assert self.process.poll() is None, f"moto server exited with {self.process.returncode}"
+        try:
+            urllib.request.urlopen(self.url, timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    def pause(self) -> None:
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        self.resume()
+        self.process.terminate()
+        self.process.wait(timeout=30)
 
 
 class Kernel:
@@ -100,6 +186,10 @@ class Kernel:
         """Assert that each expression is true in the kernel, naming the ones that are not."""
         failed = self.falsy(*conditions)
         assert not failed, f"false in the kernel: {failed}"
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid  # type: ignore[union-attr]
 
     def ckpt(self, line: str) -> str:
         return self.run(f"%ckpt {line}")

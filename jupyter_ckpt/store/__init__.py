@@ -24,7 +24,7 @@ import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -49,6 +49,9 @@ CHUNK_SIZE = 4 << 20
 ID_RE = re.compile(r"^[0-9a-f]{32}$")
 REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 GC_GRACE_SECONDS = 3600
+# Host memory a save may use for copies (ImageStore.buffer_bytes): a few hundred MiB keeps
+# the disk and the bus busy without sizing a pod's RAM to its GPU state.
+BUFFER_BYTES = 256 << 20
 
 Buffer = memoryview | bytearray | bytes
 
@@ -125,6 +128,17 @@ class ImageStore(LoggingConfigurable):
         help="Read chunks of a local store with O_DIRECT where the file system supports it "
         "(faster and lighter on the CPU for cold reads; falls back by itself).",
     ).tag(config=True)
+
+    buffer_bytes = Int(
+        BUFFER_BYTES,
+        help="Host memory a save may use for the copies it writes (GPU data on its way to "
+        "the store, packed small buffers), whatever the size of the state. Kernels read "
+        "JUPYTER_CKPT_BUFFER_BYTES.",
+    ).tag(config=True)
+
+    @default("buffer_bytes")
+    def _default_buffer_bytes(self) -> int:
+        return int(os.environ.get("JUPYTER_CKPT_BUFFER_BYTES") or BUFFER_BYTES)
 
     storage_options = Dict(
         help="fsspec options for a remote store (e.g. {'endpoint_url': ...} for an "
@@ -439,6 +453,34 @@ class ImageWriter:
         self._segments.append((len(view), futures))
         return len(self._segments) - 1
 
+    def add_segment_parts(self, parts: Iterable[Buffer]) -> int:
+        """Write one segment from consecutive parts (whole chunks each, but the last) as
+        they come: the next part is asked for only once the one before the current part is
+        written, and all are written on return, so at most two parts are held at a time."""
+        submit: Callable[..., Future[tuple[str, int, str | None]]] = self.store._pool.submit
+        futures: list[Future[tuple[str, int, str | None]]] = []
+        self._segments.append((0, futures))
+        index = len(self._segments) - 1
+        size = done = 0
+        for part in parts:
+            if size % CHUNK_SIZE:
+                raise ValueError("only the last part of a segment may end inside a chunk")
+            earlier = len(futures)
+            view = memoryview(part).cast("B")
+            futures += [
+                submit(self.store._put_chunk, view[i : i + CHUNK_SIZE], self._claim)
+                for i in range(0, len(view), CHUNK_SIZE)
+            ]
+            size += len(view)
+            del part, view
+            for future in futures[done:earlier]:
+                future.result()  # the part before is written: its memory can go
+            done = earlier
+        for future in futures[done:]:
+            future.result()
+        self._segments[index] = (size, futures)
+        return index
+
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
         segments = []
         written = 0
@@ -457,7 +499,7 @@ class ImageWriter:
                         staged.append((stage, chunk_path(digest)))
                 segments.append({"size": size, "chunks": chunks})
         except BaseException:
-            self._abandon()
+            self.abandon()
             raise
         # Chunks are durable and in place before the manifest that names them is written.
         self.store._publish(staged)
@@ -474,8 +516,9 @@ class ImageWriter:
         backend.sync_dir("images")  # the new image directory's own entry
         return manifest
 
-    def _abandon(self) -> None:
-        """Stop queued chunks and remove the staged files of those already written."""
+    def abandon(self) -> None:
+        """Stop queued chunks and remove the staged files of those already written (a
+        failed save leaves nothing behind but what gc would remove anyway)."""
         for _, futures in self._segments:
             for future in futures:
                 future.cancel()
