@@ -3,13 +3,14 @@ and in-process saves and loads on a store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -91,14 +92,17 @@ class S3Paths(Paths):
         return ImageStore(
             url=self.url,
             secret_file=str(self.secret),
-            storage_options={"endpoint_url": self.endpoint, **CREDENTIALS},
+            # listings as they are now: the tests watch the store change
+            storage_options={
+                "endpoint_url": self.endpoint,
+                **CREDENTIALS,
+                "use_listings_cache": False,
+            },
         )
 
 
 class MotoServer:
-    """moto's S3 server on a free loopback port, with one bucket. ``pause`` stops the
-    process (SIGSTOP: requests hang until the client gives up) and ``resume`` lets it go
-    on with every object it held; killing it would lose them (moto keeps them in RAM)."""
+    """moto's S3 server on a free loopback port, with one bucket."""
 
     def __init__(self) -> None:
         with socket.socket() as s:
@@ -127,16 +131,76 @@ class MotoServer:
             return False
         return True
 
-    def pause(self) -> None:
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self.process.send_signal(signal.SIGCONT)
-
     def stop(self) -> None:
-        self.resume()
         self.process.terminate()
         self.process.wait(timeout=30)
+
+
+class Outage:
+    """A TCP forwarder in front of a server: ``stop`` resets every connection and closes
+    the port, as a crashed or stopped server would, and ``start`` opens it again on the
+    same port, with the server's data as it was."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.removeprefix("http://").split(":")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server: asyncio.Server | None = None
+        self.streams: set[asyncio.StreamWriter] = set()
+        self.start()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def start(self) -> None:
+        async def listen() -> None:
+            self.server = await asyncio.start_server(
+                self._forward, "127.0.0.1", self.port, reuse_address=True
+            )
+
+        self._call(listen())
+
+    def stop(self) -> None:
+        async def close() -> None:
+            if self.server is not None:
+                self.server.close()
+                self.server = None
+            for stream in self.streams:
+                stream.transport.abort()
+            self.streams.clear()
+
+        self._call(close())
+
+    def close(self) -> None:
+        self.stop()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = self.target
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            writer.transport.abort()
+            return
+        self.streams |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(1 << 16):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
 class Kernel:
