@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ImageNotFound, IntegrityError, InvalidReference
 
 if TYPE_CHECKING:
-    from . import ImageStore
+    from .imagestore import ImageStore
 
 KERNEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
 
