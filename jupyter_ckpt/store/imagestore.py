@@ -8,19 +8,21 @@ only the chunks that changed.
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import io
 import json
-import mmap
 import os
 import tarfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
-from traitlets import Bool, Dict, Float, Int, Unicode, default
+from traitlets import Bool, Dict, Float, Int, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ..errors import (
@@ -30,33 +32,22 @@ from ..errors import (
     IntegrityError,
     InvalidReference,
 )
-from .backends import open_backend
+from .backends import LocalBackend, open_backend
 from .layout import (
     GC_GRACE_SECONDS,
     ID_RE,
+    MANIFEST_MAX,
     check_ref,
     chunk_hash,
     chunk_path,
     manifest_path,
 )
+from .leases import Lease, live_leases
+from .reading import Segments, allocate
 from .records import KernelRecords
 from .signing import Signer
+from .users import check_user, prepare_local, user_prefix
 from .writer import ImageWriter
-
-
-def _allocate(nbytes: int) -> memoryview:
-    """A writable, page-aligned buffer that is not zero-filled up front.
-
-    Anonymous memory gets its pages on first write, so reading into it costs no extra
-    pass; page alignment lets the local backend read chunks into it with direct I/O
-    (every chunk starts at a multiple of CHUNK_SIZE).
-    """
-    if nbytes == 0 or not hasattr(mmap, "MAP_PRIVATE"):
-        return memoryview(bytearray(nbytes))
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)  # fewer page faults, as numpy does for big arrays
-    return memoryview(buf)
 
 
 class ImageStore(LoggingConfigurable):
@@ -69,6 +60,26 @@ class ImageStore(LoggingConfigurable):
     @default("url")
     def _default_url(self) -> str:
         return os.environ.get("JUPYTER_CKPT_STORE") or os.path.join(jupyter_data_dir(), "ckpt")
+
+    user = Unicode(
+        help="Whose part of the store to use: images live under <url>/users/<user>/. "
+        "Default: $JUPYTER_CKPT_USER (set by the server for its kernels), else "
+        "$JUPYTERHUB_USER, else the login name.",
+    ).tag(config=True)
+
+    @default("user")
+    def _default_user(self) -> str:
+        for name in ("JUPYTER_CKPT_USER", "JUPYTERHUB_USER"):
+            if os.environ.get(name):
+                return os.environ[name]
+        try:
+            return getpass.getuser()
+        except (KeyError, OSError):  # a uid without a passwd entry (containers)
+            return f"uid-{os.getuid()}"
+
+    @validate("user")
+    def _validate_user(self, proposal: Any) -> str:
+        return check_user(proposal["value"])
 
     secret_file = Unicode(
         help="Per-user signing secret, kept outside the store (created 0600 on first use)."
@@ -114,9 +125,16 @@ class ImageStore(LoggingConfigurable):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.backend = open_backend(
-            self.url, fsync=self.fsync, direct_io=self.direct_io, **self.storage_options
-        )
+        options = {"fsync": self.fsync, "direct_io": self.direct_io, **self.storage_options}
+        root = open_backend(self.url, **options)
+        if isinstance(root, LocalBackend):
+            prefix = prepare_local(root.root, self.user)
+        else:
+            prefix = f"{root.url}/{user_prefix(self.user)}"
+        #: The store's root as kernels and other processes must be given it (absolute).
+        self.root_url = root.url
+        #: This user's part of the store: every read and write goes through it.
+        self.backend = open_backend(prefix, **options)
         self.signer = Signer(self.secret_file)
         self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
 
@@ -128,14 +146,30 @@ class ImageStore(LoggingConfigurable):
     def _put_chunk(
         self, data: memoryview, claim: Callable[[str], bool]
     ) -> tuple[str, int, str | None]:
-        """(digest, bytes written, staged file or None); the commit publishes the staged."""
+        """(digest, bytes written, staged file or None); the commit publishes the staged.
+
+        The chunk is hashed and written from one private copy: a thread that changes the
+        buffer meanwhile can make the image a mix of old and new values, but never a chunk
+        whose bytes do not match its name.
+        """
+        data = memoryview(bytes(data))
         digest = chunk_hash(data)
         path = chunk_path(digest)
-        # An existing chunk is touched, not skipped: an unreferenced one (of a deleted image)
-        # would otherwise look old to a concurrent gc and go before our manifest lands.
-        if not claim(digest) or self.backend.touch(path):
+        # A reusable chunk is refreshed, not skipped: an unreferenced one (of a deleted
+        # image) would otherwise look old to a concurrent gc and go before our manifest.
+        if not claim(digest) or self.backend.reusable(path, GC_GRACE_SECONDS / 2):
             return digest, 0, None
         return digest, len(data), self.backend.stage(path, data)
+
+    def lease(self) -> Lease:
+        """Tell gc that a writer may be reusing unreferenced chunks (see :mod:`.leases`)."""
+        return Lease(self.backend)
+
+    def missing_chunks(self, manifest: dict[str, Any]) -> list[str]:
+        """The chunks an image names that are not in the store."""
+        digests = sorted({d for s in manifest["segments"] for d, _ in s["chunks"]})
+        present = self._pool.map(lambda d: self.backend.exists(chunk_path(d)), digests)
+        return [d for d, ok in zip(digests, present, strict=True) if not ok]
 
     def _publish(self, staged: list[tuple[str, str]]) -> None:
         """Make staged chunks durable and visible, then their directory entries durable:
@@ -172,6 +206,11 @@ class ImageStore(LoggingConfigurable):
                 entries.append((image_id, self.load_manifest(image_id), None))
             except (IntegrityError, ImageNotFound) as exc:
                 entries.append((image_id, None, str(exc)))
+            except OSError as exc:  # e.g. a file another user put here, unreadable to us
+                entries.append((image_id, None, f"image {image_id}: cannot read it ({exc})"))
+        for image_id, _, error in entries:
+            if error:
+                self.log.debug("Skipping image %s: %s", image_id, error)
         entries.sort(key=lambda e: (e[1] or {}).get("created", ""), reverse=True)
         yield from entries
 
@@ -193,22 +232,10 @@ class ImageStore(LoggingConfigurable):
     def open(self, ref: str) -> dict[str, Any]:
         return self.load_manifest(self.resolve(ref))
 
-    def read_segments(self, manifest: dict[str, Any]) -> list[memoryview]:
-        """Every segment of an image, each chunk verified against its hash before use."""
-        jobs: list[Future[None]] = []
-        segments = []
-        for segment in manifest["segments"]:
-            buf = _allocate(segment["size"])
-            segments.append(buf)
-            offset = 0
-            for digest, size in segment["chunks"]:
-                jobs.append(
-                    self._pool.submit(self._read_chunk, digest, buf[offset : offset + size])
-                )
-                offset += size
-        for job in jobs:
-            job.result()
-        return segments
+    def read_segments(self, manifest: dict[str, Any]) -> Segments:
+        """The image's segments, each read and verified when first used and dropped after
+        its last use, so a restore holds one group's data at a time, not the image."""
+        return Segments(manifest, self._read_chunk, self._pool)
 
     def _read_chunk(self, digest: str, out: memoryview) -> None:
         try:
@@ -223,7 +250,7 @@ class ImageStore(LoggingConfigurable):
         holds only one chunk per I/O thread in memory, whatever the image's size."""
         manifest = self.open(ref)
         chunks = [chunk for segment in manifest["segments"] for chunk in segment["chunks"]]
-        for _ in self._pool.map(lambda c: self._read_chunk(c[0], _allocate(c[1])), chunks):
+        for _ in self._pool.map(lambda c: self._read_chunk(c[0], allocate(c[1])), chunks):
             pass
         return manifest
 
@@ -235,7 +262,18 @@ class ImageStore(LoggingConfigurable):
         return KernelRecords(self)
 
     def delete(self, ref: str) -> str:
+        """Remove an image we signed that no suspended kernel needs."""
         image_id = self.resolve(ref)
+        try:
+            self.load_manifest(image_id)
+        except IntegrityError as exc:
+            raise IntegrityError(
+                f"refusing to delete image {image_id}: it is not one of ours ({exc})"
+            ) from exc
+        except OSError as exc:
+            raise IntegrityError(
+                f"refusing to delete image {image_id}: cannot read its manifest ({exc})"
+            ) from exc
         for kernel_id, record in self.records.all()[0].items():
             if record.get("image_id") == image_id:
                 raise ImageInUse(
@@ -247,34 +285,58 @@ class ImageStore(LoggingConfigurable):
         self.backend.remove(f"images/{image_id}")
         return image_id
 
-    def gc(self, grace_seconds: float = GC_GRACE_SECONDS) -> tuple[int, int]:
-        """Remove chunks no image references. Returns (files removed, bytes freed).
+    def gc(self, grace_seconds: float = GC_GRACE_SECONDS) -> GcResult:
+        """Remove chunks no image references.
 
         Chunks younger than ``grace_seconds`` are kept: a writer in another process writes
         its chunks before its manifest, and they must survive until the manifest lands.
+        While any writer holds a live lease (:mod:`.leases`) no unreferenced chunk is
+        removed at all, since it may be reusing one; and a manifest we cannot read may
+        reference any chunk, so one of those also keeps every chunk.
         """
         referenced: set[str] = set()
+        notes = []
         for image_id in self.image_ids():
             try:
                 data = json.loads(self.backend.read_bytes(manifest_path(image_id)))
                 segments = data["manifest"]["segments"]
-            except (FileNotFoundError, ValueError, KeyError, TypeError):
+            except FileNotFoundError:
+                continue
+            except (ValueError, KeyError, TypeError):
+                continue  # not a manifest: it references nothing
+            except OSError as exc:
+                notes.append(
+                    f"image {image_id}: cannot read its manifest ({exc}); no chunk is "
+                    "removed while an unreadable image may reference it"
+                )
                 continue
             referenced.update(digest for s in segments for digest, _ in s["chunks"])
-        cutoff = time.time() - grace_seconds
+        now = time.time()
+        cutoff = now - grace_seconds
+        candidates = [
+            (path, size)
+            for path, mtime, size in list(self.backend.walk_files("chunks"))
+            if path.rsplit("/", 1)[-1] not in referenced and mtime <= cutoff
+        ]
+        leases = live_leases(self.backend, now)
+        if leases and candidates:
+            notes.append(
+                f"{len(leases)} save(s) in progress: unreferenced chunks are kept until they finish"
+            )
+        for note in notes:
+            self.log.warning("gc: %s", note)
+        if notes:
+            return GcResult(0, 0, notes)
         removed = freed = 0
-        for path, mtime, size in list(self.backend.walk_files("chunks")):
-            name = path.rsplit("/", 1)[-1]
-            if name in referenced or mtime > cutoff:
-                continue
-            # Look again: a writer may have reused (touched) it since the listing.
+        for path, size in candidates:
+            # Look again: a writer may have reused (refreshed) it since the listing.
             mtime_now = self.backend.mtime(path)
             if mtime_now is None or mtime_now > cutoff:
                 continue
             self.backend.remove(path)
             removed += 1
             freed += size
-        return removed, freed
+        return GcResult(removed, freed, notes)
 
     def expired(self, pinned: set[str], now: float | None = None) -> list[str]:
         """Image ids the retention rules remove, oldest first. Images in ``pinned``
@@ -299,9 +361,9 @@ class ImageStore(LoggingConfigurable):
 
     def enforce_retention(
         self, now: float | None = None, grace_seconds: float = GC_GRACE_SECONDS
-    ) -> tuple[list[str], int, int]:
+    ) -> RetentionResult:
         """Delete expired images, then unreferenced chunks.
-        Returns (image ids removed, chunk files removed, bytes freed).
+        Unpacks as (image ids removed, chunk files removed, bytes freed).
 
         Manifests go first and chunks after, through ``gc``: a crash in between leaves
         only unreferenced chunks, which the next run removes."""
@@ -309,19 +371,30 @@ class ImageStore(LoggingConfigurable):
         for image_id in self.expired(self.records.pinned_images(), now):
             self.delete(image_id)
             removed.append(image_id)
-        files, freed = self.gc(grace_seconds)
-        return removed, files, freed
+        result = self.gc(grace_seconds)
+        return RetentionResult(removed, result.files, result.freed, result.notes)
 
     # -- moving images between stores -----------------------------------------------------
 
     def export(self, ref: str, file: str) -> str:
-        """Write one image (manifest and chunks) to a tar file."""
+        """Write one image (manifest and chunks) to a tar file, private to the user (0600)
+        and complete or absent: it is written aside and renamed into place."""
         manifest = self.verify(ref)
         image_id = manifest["id"]
-        with tarfile.open(file, "w") as tar:
-            self._tar_add(tar, "manifest.json", self.backend.read_bytes(manifest_path(image_id)))
-            for digest in sorted({d for s in manifest["segments"] for d, _ in s["chunks"]}):
-                self._tar_add(tar, chunk_path(digest), self.backend.read_bytes(chunk_path(digest)))
+        target = os.path.abspath(file)
+        tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp-{image_id}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w") as tar:
+                digests = sorted({d for s in manifest["segments"] for d, _ in s["chunks"]})
+                for name in ["manifest.json"] + [chunk_path(d) for d in digests]:
+                    path = manifest_path(image_id) if name == "manifest.json" else name
+                    self._tar_add(tar, name, self.backend.read_bytes(path))
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
         return image_id
 
     @staticmethod
@@ -332,37 +405,80 @@ class ImageStore(LoggingConfigurable):
         tar.addfile(info, io.BytesIO(data))
 
     def import_(self, file: str) -> str:
-        """Add an exported image. It must be signed with our secret; nothing is written
-        unless the manifest and every chunk check out."""
+        """Add an exported image. It must be signed with our secret; its manifest is
+        written only once every chunk checked out. Streams one chunk at a time."""
         with tarfile.open(file, "r") as tar:
             members = {m.name: m for m in tar.getmembers() if m.isfile()}
             if "manifest.json" not in members:
                 raise IntegrityError(f"{file}: not a jupyter-ckpt export (no manifest.json)")
-            sealed = self._tar_read(tar, members["manifest.json"])
+            sealed = self._tar_read(tar, members["manifest.json"], MANIFEST_MAX)
             manifest = self.signer.open(sealed, file)
             image_id = check_ref(manifest.get("id", ""), "image id")
             if not ID_RE.match(image_id):
                 raise IntegrityError(f"{file}: bad image id {image_id!r}")
-            chunks = {}
-            for digest in {d for s in manifest["segments"] for d, _ in s["chunks"]}:
-                member = members.get(chunk_path(digest))
-                if member is None:
-                    raise IntegrityError(f"{file}: chunk {digest} is missing")
-                data = self._tar_read(tar, member)
-                if chunk_hash(data) != digest:
-                    raise IntegrityError(f"{file}: chunk {digest} was altered")
-                chunks[digest] = data
-        for digest, data in chunks.items():
-            if not self.backend.exists(chunk_path(digest)):
-                self.backend.write_atomic(chunk_path(digest), data)
-        self.backend.write_atomic(manifest_path(image_id), sealed)
+            lease = self.lease()
+            staged: list[tuple[str, str]] = []
+            try:
+                sizes = {d: n for s in manifest["segments"] for d, n in s["chunks"]}
+                for digest, size in sorted(sizes.items()):
+                    path = chunk_path(digest)
+                    member = members.get(path)
+                    if member is None:
+                        raise IntegrityError(f"{file}: chunk {digest} is missing")
+                    data = self._tar_read(tar, member, size)
+                    if len(data) != size or chunk_hash(data) != digest:
+                        raise IntegrityError(f"{file}: chunk {digest} was altered")
+                    if not self.backend.reusable(path, GC_GRACE_SECONDS / 2):
+                        staged.append((self.backend.stage(path, data), path))
+                self._publish(staged)
+            except BaseException:
+                for stage, _ in staged:
+                    self.backend.discard(stage)
+                lease.release()
+                raise
+        try:
+            self.backend.write_atomic(manifest_path(image_id), sealed)
+            self.backend.sync_dir(f"images/{image_id}")
+        finally:
+            lease.release()
         return image_id
 
     @staticmethod
-    def _tar_read(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    def _tar_read(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> bytes:
+        """A member's bytes; one larger than it may be is refused before it is read."""
+        if member.size > limit:
+            raise IntegrityError(f"{member.name}: {member.size} bytes, expected at most {limit}")
         f = tar.extractfile(member)
         assert f is not None
         return f.read()
+
+
+@dataclass
+class GcResult:
+    """What gc did, and why it kept chunks it would otherwise have removed."""
+
+    files: int
+    freed: int
+    notes: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[int]:
+        """Unpacks as (files removed, bytes freed)."""
+        return iter((self.files, self.freed))
+
+    def __getitem__(self, index: int) -> int:
+        return tuple(self)[index]
+
+
+@dataclass
+class RetentionResult:
+    images: list[str]
+    files: int
+    freed: int
+    notes: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Unpacks as (image ids removed, chunk files removed, bytes freed)."""
+        return iter((self.images, self.files, self.freed))
 
 
 def _created(manifest: dict[str, Any]) -> float:
