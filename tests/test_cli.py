@@ -93,9 +93,7 @@ def files(root: Path) -> dict[str, bytes]:
 
 def chunk_files(site: Site, manifest: dict[str, Any]) -> set[Path]:
     return {
-        site.data / chunk_path(digest)
-        for s in manifest["segments"]
-        for digest, _ in s["chunks"]
+        site.data / chunk_path(digest) for s in manifest["segments"] for digest, _ in s["chunks"]
     }
 
 
