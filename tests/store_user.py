@@ -53,7 +53,11 @@ def main() -> None:
     os.setuid(spec["uid"])
     os.environ["HOME"] = spec["home"]
     os.umask(0o022)
-    store = ImageStore(**spec["store"])
+    try:
+        store = ImageStore(**spec["store"])
+    except Exception as exc:
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        return
     for action in spec["actions"]:
         try:
             print(json.dumps({"ok": run(store, *action)}), flush=True)

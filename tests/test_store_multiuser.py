@@ -98,11 +98,18 @@ def test_two_users_share_a_group_writable_store(shared: Path) -> None:
 
     users = shared / "users"
     mode = users.stat().st_mode
-    assert mode & stat.S_ISVTX and stat.S_IMODE(mode) & 0o070 == 0o070
+    assert mode & stat.S_ISVTX and mode & stat.S_ISGID and stat.S_IMODE(mode) & 0o070 == 0o070
     for name, uid in USERS.items():
         prefix = (users / name).stat()
-        assert (prefix.st_uid, stat.S_IMODE(prefix.st_mode)) == (uid, 0o700)
+        assert (prefix.st_uid, prefix.st_mode & 0o777) == (uid, 0o700)
     assert as_user(shared, "alice", ["verify", alice_id]) == [{"ok": alice_id}]
+
+
+def test_a_store_its_users_cannot_write_is_a_clear_error(shared: Path) -> None:
+    shared.chmod(0o2750)  # group may read, not create
+    (opened,) = as_user(shared, "bob", ["list"])
+    assert "cannot create your part of the store" in opened["error"]
+    assert "Traceback" not in opened["error"]
 
 
 def test_unreadable_manifest_is_skipped_with_a_note(shared: Path) -> None:

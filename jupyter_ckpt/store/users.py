@@ -18,7 +18,7 @@ import re
 import secrets
 import stat
 
-from ..errors import InvalidReference
+from ..errors import CkptError, InvalidReference
 
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@+-]{0,127}$")
 # What the store held at its root before it had one prefix per user.
@@ -43,27 +43,34 @@ def prepare_local(root: str, user: str) -> str:
     """Create the user's private prefix of a local store (and the root and ``users/`` if
     missing); move a store of the single-user layout into the prefix once. Returns the
     prefix's absolute path. Existing directories keep the permissions they have."""
-    if not os.path.isdir(root):
-        os.makedirs(root, mode=0o700)
     users = os.path.join(root, "users")
-    if not os.path.isdir(users):
-        _make_shared(users, os.stat(root).st_mode)
     prefix = os.path.join(root, user_prefix(user))
     if os.path.isdir(prefix):
         return prefix
-    fd = os.open(users, os.O_RDONLY)
     try:
-        with contextlib.suppress(OSError):  # no lock on some network file systems
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        if not os.path.isdir(prefix):  # another process of this user may have won
-            _create_prefix(root, prefix)
-    finally:
-        os.close(fd)
+        if not os.path.isdir(root):
+            os.makedirs(root, mode=0o700)
+        if not os.path.isdir(users):
+            _make_shared(users, os.stat(root).st_mode)
+        fd = os.open(users, os.O_RDONLY)
+        try:
+            with contextlib.suppress(OSError):  # no lock on some network file systems
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            if not os.path.isdir(prefix):  # another process of this user may have won
+                _create_prefix(root, prefix)
+        finally:
+            os.close(fd)
+    except PermissionError as exc:
+        raise CkptError(
+            f"cannot create your part of the store, {prefix}: {exc.strerror} ({exc.filename}); "
+            "a store shared by several users needs a root they can all write to "
+            "(e.g. group-writable and setgid)"
+        ) from exc
     return prefix
 
 
 def _make_shared(users: str, root_mode: int) -> None:
-    mode = 0o700 | (root_mode & 0o077)
+    mode = 0o700 | (root_mode & (0o077 | stat.S_ISGID))
     if root_mode & (stat.S_IWGRP | stat.S_IWOTH):
         mode |= stat.S_ISVTX
     with contextlib.suppress(FileExistsError):
