@@ -102,15 +102,14 @@ def test_gc_does_not_take_chunks_a_writer_is_reusing(s3_store: ImageStore) -> No
     for future in writer._segments[0][1]:  # every chunk has been found and reused
         future.result()
     digest = chunk_hash(raw[:CHUNK_SIZE])
-    other = ImageStore(
-        url=s3_store.root_url,
-        user=s3_store.user,
+    other = ImageStore(  # another process's view of the same store, same user
+        url=s3_store.url,
         secret_file=s3_store.signer.secret_file,
         storage_options=s3_store.storage_options,
     )
     result = other.gc(grace_seconds=0)
-    assert result.files == 0 and "in progress" in result.notes[0]
     manifest = writer.commit({"name": "second", "variables": [], "imports": [], "groups": []})
     assert s3_store.backend.exists(chunk_path(digest))
     assert s3_store.verify(manifest["id"])["id"] == manifest["id"]
+    assert result.files == 0 and "in progress" in result.notes[0]
     assert other.gc(grace_seconds=0).files >= 1, "the pickle chunk of 'first' goes after"
