@@ -51,7 +51,8 @@ from .writer import ImageWriter
 
 
 class ImageStore(LoggingConfigurable):
-    """Where images live. Configure with ``ImageStore.url`` or ``JUPYTER_CKPT_STORE``."""
+    """Where images live: ``ImageStore.url`` (or ``JUPYTER_CKPT_STORE``) is the root, and
+    this store reads and writes only ``<root>/users/<ImageStore.user>/`` (:mod:`.users`)."""
 
     url = Unicode(help="Store location: a local path or an fsspec URL (s3://bucket/prefix).").tag(
         config=True
@@ -300,10 +301,8 @@ class ImageStore(LoggingConfigurable):
             try:
                 data = json.loads(self.backend.read_bytes(manifest_path(image_id)))
                 segments = data["manifest"]["segments"]
-            except FileNotFoundError:
-                continue
-            except (ValueError, KeyError, TypeError):
-                continue  # not a manifest: it references nothing
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                continue  # gone, or not a manifest: it references nothing
             except OSError as exc:
                 notes.append(
                     f"image {image_id}: cannot read its manifest ({exc}); no chunk is "
