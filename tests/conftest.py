@@ -7,11 +7,15 @@ its own store and a signing secret that lives outside the store, as in productio
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from harness import Kernel, Paths
+from harness import BUCKET, CREDENTIALS, Kernel, Paths, wait_for
 
 from jupyter_ckpt.store import ImageStore
 
@@ -49,3 +53,41 @@ def kernel_store(ckpt_paths: Paths) -> ImageStore:
 def store(tmp_path: Path) -> ImageStore:
     """A private store for one in-process test."""
     return ImageStore(url=str(tmp_path / "store"), secret_file=str(tmp_path / "keys" / "secret"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    """moto's S3 server on a free loopback port, with one bucket (``BUCKET``)."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def answers() -> bool:
+        assert server.poll() is None, f"moto server exited with {server.returncode}"
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_for(answers, 60, "the S3 server to answer")
+    except AssertionError:
+        server.kill()
+        raise
+    import s3fs
+
+    s3fs.S3FileSystem(endpoint_url=url, **CREDENTIALS).mkdir(BUCKET)
+    yield url
+    server.terminate()
+    server.wait(timeout=30)

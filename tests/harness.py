@@ -18,6 +18,9 @@ from jupyter_ckpt import image
 from jupyter_ckpt.store import ImageStore, chunk_path
 
 TESTS_DIR = Path(__file__).resolve().parent
+# The S3 server of the tests (moto, on loopback: see the `endpoint` fixture)
+BUCKET = "ckpt-test"
+CREDENTIALS = {"key": "testing", "secret": "testing"}
 EXEC_TIMEOUT = 120
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

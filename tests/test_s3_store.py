@@ -5,61 +5,15 @@ and kernels that find the store and its endpoint through the environment alone."
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from harness import Kernel, Paths, load_namespace, save_namespace, wait_for
+from harness import BUCKET, CREDENTIALS, Kernel, Paths, load_namespace, save_namespace
 
 from jupyter_ckpt.errors import IntegrityError
-from jupyter_ckpt.store import ImageStore, chunk_path
-
-BUCKET = "ckpt-test"
-CREDENTIALS = {"key": "testing", "secret": "testing"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    """moto's S3 server on a free loopback port, with one bucket."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def answers() -> bool:
-        assert server.poll() is None, f"moto server exited with {server.returncode}"
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-        except OSError:
-            return False
-        return True
-
-    try:
-        wait_for(answers, 60, "the S3 server to answer")
-    except AssertionError:
-        server.kill()
-        raise
-    import s3fs
-
-    s3fs.S3FileSystem(endpoint_url=url, **CREDENTIALS).mkdir(BUCKET)
-    yield url
-    server.terminate()
-    server.wait(timeout=30)
+from jupyter_ckpt.store import CHUNK_SIZE, ImageStore, chunk_hash, chunk_path
 
 
 @pytest.fixture
@@ -134,3 +88,28 @@ def test_kernels_save_and_restore_through_s3(endpoint: str, tmp_path: Path) -> N
         for kernel in (writer, reader):
             if kernel is not None and kernel.manager.has_kernel:
                 kernel.shutdown()
+
+
+def test_gc_does_not_take_chunks_a_writer_is_reusing(s3_store: ImageStore) -> None:
+    """An object store cannot refresh a reused chunk's age: the writer's lease keeps a
+    concurrent gc (another process's, with no grace at all) from removing it."""
+    data = np.random.default_rng(5).random(1 << 20)
+    save_namespace(s3_store, {"data": data}, name="first")
+    s3_store.delete("first")  # its chunks are now unreferenced, and reused below
+    raw = memoryview(data).cast("B")
+    writer = s3_store.writer()
+    writer.add_segment(raw)
+    for future in writer._segments[0][1]:  # every chunk has been found and reused
+        future.result()
+    digest = chunk_hash(raw[:CHUNK_SIZE])
+    other = ImageStore(  # another process's view of the same store, same user
+        url=s3_store.url,
+        secret_file=s3_store.signer.secret_file,
+        storage_options=s3_store.storage_options,
+    )
+    result = other.gc(grace_seconds=0)
+    manifest = writer.commit({"name": "second", "variables": [], "imports": [], "groups": []})
+    assert s3_store.backend.exists(chunk_path(digest))
+    assert s3_store.verify(manifest["id"])["id"] == manifest["id"]
+    assert result.files == 0 and "in progress" in result.notes[0]
+    assert other.gc(grace_seconds=0).files >= 1, "the pickle chunk of 'first' goes after"
