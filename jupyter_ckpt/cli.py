@@ -73,6 +73,11 @@ class CkptBaseApp(JupyterApp):
             "The signing secret. When unset: $JUPYTER_CKPT_SECRET_FILE, else "
             "<jupyter data dir>/ckpt-secret.",
         ),
+        "user": (
+            "ImageStore.user",
+            "Whose images (<store>/users/<user>/). When unset: $JUPYTER_CKPT_USER, else "
+            "$JUPYTERHUB_USER, else the login name.",
+        ),
     }
     flags = {"debug": base_flags["debug"]}
     # Positional arguments, by name for usage lines; checked before anything runs.
@@ -239,18 +244,22 @@ class CollectGarbage(CkptBaseApp):
     aliases = {**CkptBaseApp.aliases, "grace": "CollectGarbage.grace"}
 
     def run(self, store: ImageStore, *args: str) -> list[str]:
-        images, files, freed = store.enforce_retention(grace_seconds=self.grace)
-        return [f"Removed image {image_id} (retention)" for image_id in images] + [
-            f"Removed {files} unreferenced chunk files, freed {human_bytes(freed)} "
-            f"(kept chunks younger than {self.grace:g} s)"
-        ]
+        result = store.enforce_retention(grace_seconds=self.grace)
+        return (
+            [f"Removed image {image_id} (retention)" for image_id in result.images]
+            + [
+                f"Removed {result.files} unreferenced chunk files, freed "
+                f"{human_bytes(result.freed)} (kept chunks younger than {self.grace:g} s)"
+            ]
+            + [f"Note: {note}" for note in result.notes]
+        )
 
 
 class ExportImage(CkptBaseApp):
     name = "jupyter ckpt export"
     description = (
-        "Write one verified image (manifest and chunks) to a tar file, to import into "
-        "another store that uses the same signing secret."
+        "Write one verified image (manifest and chunks) to a tar file readable only by "
+        "you (0600), to import into another store that uses the same signing secret."
     )
     examples = "jupyter ckpt export my-session session.tar"
     arguments = ("ID", "FILE")
@@ -263,7 +272,7 @@ class ImportImage(CkptBaseApp):
     name = "jupyter ckpt import"
     description = (
         "Add an exported image to the store. It must be signed with this store's secret, "
-        "and nothing is written unless the manifest and every chunk check out."
+        "and the image appears only once the manifest and every chunk check out."
     )
     examples = "jupyter ckpt import session.tar"
     arguments = ("FILE",)

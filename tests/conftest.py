@@ -53,7 +53,7 @@ def store(tmp_path: Path) -> ImageStore:
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoServer]:
-    """moto's S3 server on loopback, one per test module."""
+    """moto's S3 server on loopback (bucket ``BUCKET``), one per test module."""
     server = MotoServer()
     yield server
     server.stop()

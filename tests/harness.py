@@ -24,6 +24,9 @@ from jupyter_ckpt import image
 from jupyter_ckpt.store import ImageStore, chunk_path
 
 TESTS_DIR = Path(__file__).resolve().parent
+# The S3 server of the tests (moto, on loopback: see the `endpoint` fixture)
+BUCKET = "ckpt-test"
+CREDENTIALS = {"key": "testing", "secret": "testing"}
 EXEC_TIMEOUT = 120
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -61,10 +64,6 @@ class Paths:
                 p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p
             ),
         }
-
-
-BUCKET = "ckpt-test"
-CREDENTIALS = {"key": "testing", "secret": "testing"}
 
 
 class S3Paths(Paths):

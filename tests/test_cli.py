@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from jupyter_ckpt import image
 from jupyter_ckpt.store import ImageStore, chunk_path, manifest_path
 
 JUPYTER = str(Path(sys.executable).with_name("jupyter"))
+USER = "tester"
 COMMANDS = ("list", "show", "verify", "rm", "gc", "export", "import")
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -33,6 +35,8 @@ class Site:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.store_dir = root / "store"
+        # this user's part of the store, where its images, chunks and records live
+        self.data = self.store_dir / "users" / USER
         self.secret = root / "keys" / "secret"
         self.config_dir = root / "config"
 
@@ -45,13 +49,14 @@ class Site:
             JUPYTER_RUNTIME_DIR=str(self.root / "runtime"),
             JUPYTER_CKPT_STORE=str(self.store_dir),
             JUPYTER_CKPT_SECRET_FILE=str(self.secret),
+            JUPYTER_CKPT_USER=USER,
         )
         env.update(overrides)
         return env
 
     def store(self, store_dir: Path | None = None, secret: Path | None = None) -> ImageStore:
         return ImageStore(
-            url=str(store_dir or self.store_dir), secret_file=str(secret or self.secret)
+            url=str(store_dir or self.store_dir), secret_file=str(secret or self.secret), user=USER
         )
 
     def save(self, name: str, **variables: Any) -> dict[str, Any]:
@@ -88,9 +93,7 @@ def files(root: Path) -> dict[str, bytes]:
 
 def chunk_files(site: Site, manifest: dict[str, Any]) -> set[Path]:
     return {
-        site.store_dir / chunk_path(digest)
-        for s in manifest["segments"]
-        for digest, _ in s["chunks"]
+        site.data / chunk_path(digest) for s in manifest["segments"] for digest, _ in s["chunks"]
     }
 
 
@@ -150,7 +153,7 @@ def test_bad_usage_exits_2(ckpt: Run, args: tuple[str, ...], cause: str) -> None
 
 
 def test_list_empty_store(ckpt: Run, site: Site) -> None:
-    assert ok(ckpt("list")).strip() == f"No images in {site.store_dir}"
+    assert ok(ckpt("list")).strip() == f"No images in {site.data}"
     assert json.loads(ok(ckpt("list", "--json"))) == []
 
 
@@ -194,7 +197,7 @@ def test_unknown_id_exits_1(ckpt: Run, site: Site) -> None:
 def test_ambiguous_prefix_exits_1(ckpt: Run, site: Site) -> None:
     image_id = site.save("session", n=3)["id"]
     twin = image_id[:4] + ("0" if image_id[4] != "0" else "1") * 28
-    shutil.copytree(site.store_dir / "images" / image_id, site.store_dir / "images" / twin)
+    shutil.copytree(site.data / "images" / image_id, site.data / "images" / twin)
     failed(ckpt("show", image_id[:4]), 1, f"'{image_id[:4]}' matches 2 images")
 
 
@@ -227,7 +230,7 @@ def test_verify_missing_chunk_exits_1(ckpt: Run, site: Site) -> None:
 
 def test_verify_tampered_manifest_exits_1(ckpt: Run, site: Site) -> None:
     manifest = site.save("session", a=1)
-    path = site.store_dir / manifest_path(manifest["id"])
+    path = site.data / manifest_path(manifest["id"])
     sealed = json.loads(path.read_bytes())
     sealed["manifest"]["variables"][0]["name"] = "evil"
     path.write_text(json.dumps(sealed))
@@ -262,12 +265,15 @@ def test_rm_then_list(ckpt: Run, site: Site) -> None:
     failed(ckpt("show", gone["id"]), 1, "no image")
 
 
-def test_rm_removes_an_image_that_fails_verification(ckpt: Run, site: Site) -> None:
+def test_rm_refuses_an_image_that_fails_verification(ckpt: Run, site: Site) -> None:
+    """Only images we can vouch for are deleted through jupyter-ckpt: an altered or
+    foreign one is refused, naming why, and stays listed as invalid."""
     manifest = site.save("session", a=1)
-    path = site.store_dir / manifest_path(manifest["id"])
+    path = site.data / manifest_path(manifest["id"])
     path.write_text(path.read_text().replace('"session"', '"altered"'))
-    ok(ckpt("rm", manifest["id"]))
-    assert ok(ckpt("list")).startswith("No images")
+    failed(ckpt("rm", manifest["id"]), 1, "refusing to delete", "altered")
+    assert path.exists()
+    assert "INVALID" in ok(ckpt("list"))
 
 
 def test_gc_removes_only_orphaned_chunks(ckpt: Run, site: Site) -> None:
@@ -312,8 +318,12 @@ def test_gc_applies_retention_but_keeps_images_suspended_kernels_need(
 def test_export_then_import_into_a_second_store(ckpt: Run, site: Site) -> None:
     manifest = site.save("session", a=b"e" * 300_000, b={"k": [1, 2]})
     tar = site.root / "session.tar"
+    tar.write_bytes(b"an older export, readable by all")
+    tar.chmod(0o644)
     out = ok(ckpt("export", "session", str(tar)))
     assert out.strip() == f"Exported image {manifest['id']} to {tar}"
+    assert stat.S_IMODE(tar.stat().st_mode) == 0o600, "an image is private to its user"
+    assert [p.name for p in site.root.iterdir() if p.name.startswith(".")] == []
 
     second = str(site.root / "second")
     out = ok(ckpt("import", str(tar), JUPYTER_CKPT_STORE=second))

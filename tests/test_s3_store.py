@@ -12,7 +12,7 @@ import pytest
 from harness import Kernel, S3Paths, load_namespace, save_namespace
 
 from jupyter_ckpt.errors import IntegrityError
-from jupyter_ckpt.store import ImageStore, chunk_path
+from jupyter_ckpt.store import CHUNK_SIZE, ImageStore, chunk_hash, chunk_path
 
 
 def test_round_trip_dedupe_and_gc(s3_store: ImageStore) -> None:
@@ -63,3 +63,28 @@ def test_kernels_save_and_restore_through_s3(endpoint: str, tmp_path: Path) -> N
         for kernel in (writer, reader):
             if kernel is not None and kernel.manager.has_kernel:
                 kernel.shutdown()
+
+
+def test_gc_does_not_take_chunks_a_writer_is_reusing(s3_store: ImageStore) -> None:
+    """An object store cannot refresh a reused chunk's age: the writer's lease keeps a
+    concurrent gc (another process's, with no grace at all) from removing it."""
+    data = np.random.default_rng(5).random(1 << 20)
+    save_namespace(s3_store, {"data": data}, name="first")
+    s3_store.delete("first")  # its chunks are now unreferenced, and reused below
+    raw = memoryview(data).cast("B")
+    writer = s3_store.writer()
+    writer.add_segment(raw)
+    for future in writer._segments[0][1]:  # every chunk has been found and reused
+        future.result()
+    digest = chunk_hash(raw[:CHUNK_SIZE])
+    other = ImageStore(  # another process's view of the same store, same user
+        url=s3_store.url,
+        secret_file=s3_store.signer.secret_file,
+        storage_options=s3_store.storage_options,
+    )
+    result = other.gc(grace_seconds=0)
+    manifest = writer.commit({"name": "second", "variables": [], "imports": [], "groups": []})
+    assert s3_store.backend.exists(chunk_path(digest))
+    assert s3_store.verify(manifest["id"])["id"] == manifest["id"]
+    assert result.files == 0 and "in progress" in result.notes[0]
+    assert other.gc(grace_seconds=0).files >= 1, "the pickle chunk of 'first' goes after"

@@ -12,6 +12,8 @@ import json
 import os
 import pickle
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 from harness import Kernel, Paths
 
 from jupyter_ckpt import image
-from jupyter_ckpt.errors import InvalidReference, SecretError
+from jupyter_ckpt.errors import IntegrityError, InvalidReference, SecretError
 from jupyter_ckpt.store import ImageStore, check_ref, chunk_hash, chunk_path, manifest_path
 from jupyter_ckpt.store.signing import Signer
 
@@ -85,7 +87,8 @@ def tamper_manifest(store: ImageStore, marker: Path) -> str:
 
 def foreign_image(store: ImageStore, marker: Path) -> str:
     """A well-formed image with valid chunk hashes, signed with someone else's secret."""
-    other = ImageStore(url=store.backend.url, secret_file=str(marker.parent / "other-secret"))
+    secret = str(marker.parent / "other-secret")
+    other = ImageStore(url=store.root_url, user=store.user, secret_file=secret)
     writer = other.writer()
     evil = payload(marker)
     segment = writer.add_segment(evil)
@@ -202,3 +205,52 @@ def test_short_secret_refused(tmp_path: Path) -> None:
     path.chmod(0o600)
     with pytest.raises(SecretError, match="too short"):
         Signer(str(path))
+
+
+def test_empty_secret_left_by_a_crash_is_a_clear_error_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.touch(mode=0o600)
+    with pytest.raises(SecretError, match="interrupted first use: remove it") as refused:
+        Signer(str(path))
+    assert str(path) in str(refused.value)
+    assert path.read_text() == "", "never replaced behind the user's back"
+
+
+FIRST_USE = """
+import os, sys, time
+from jupyter_ckpt.store.signing import Signer
+print("ready", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.001)
+for i in range(int(sys.argv[3])):  # racing on one secret after another keeps them in step
+    print(Signer(os.path.join(sys.argv[1], str(i), "secret")).key_id)
+"""
+
+
+def test_concurrent_first_uses_share_one_complete_secret(tmp_path: Path) -> None:
+    """50 processes first-use 20 secrets at once: all succeed and agree on each one."""
+    go, secrets = tmp_path / "go", 20
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_USE, str(tmp_path), str(go), str(secrets)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(50)
+    ]
+    assert all(p.stdout is not None and p.stdout.readline() == "ready\n" for p in procs)
+    go.touch()
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 50, [err for _, err in results if err][:1]
+    for i in range(secrets):
+        key_ids = {out.split()[i] for out, _ in results}
+        assert key_ids == {Signer(str(tmp_path / str(i) / "secret")).key_id}
+        assert [p.name for p in (tmp_path / str(i)).iterdir()] == ["secret"], "temp left"
+
+
+def test_image_signed_with_another_secret_is_not_deleted(store: ImageStore, tmp_path: Path) -> None:
+    foreign = foreign_image(store, tmp_path / "unused")
+    with pytest.raises(IntegrityError, match=r"refusing to delete .* different secret"):
+        store.delete(foreign)
+    assert store.backend.exists(manifest_path(foreign))

@@ -1,14 +1,17 @@
 """Bring an image back into a namespace.
 
-Order matters for safety and for the user: every chunk is read and verified first (nothing
-is unpickled from an image that fails a check), then every group is rebuilt aside, and only
-at the end are the rebuilt values swapped into the namespace in one step. A group that
-fails names its variables and the reason; it never takes the others down with it.
+Order matters for safety and for the user: every chunk is verified against its hash before
+its bytes reach the unpickler (segments are read group by group, so a restore never holds
+the whole image at once), every group is rebuilt aside, and only at the end are the rebuilt
+values swapped into the namespace in one step. A group that fails to unpickle names its
+variables and the reason; it never takes the others down with it. A chunk that fails its
+check aborts the whole restore and leaves the namespace as it was.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,14 +40,15 @@ def _import(record: dict[str, Any]) -> Any:
 
 def restore(
     manifest: dict[str, Any],
-    segments: list[memoryview],
+    segments: Sequence[memoryview],
     namespace: dict[str, Any],
     *,
     map_location: str | None = None,
 ) -> RestoreReport:
     """Rebuild the image's variables and swap them into ``namespace``.
 
-    ``segments`` must come from :meth:`ImageStore.read_segments`, which verified them.
+    ``segments`` must come from :meth:`ImageStore.read_segments`, which verifies each one
+    as it is first indexed.
     """
     report = RestoreReport()
     for var in manifest["variables"]:
@@ -62,10 +66,10 @@ def restore(
     try:
         for group in manifest["groups"]:
             names = group["names"]
+            # Read (and verified) outside the try: a bad chunk fails the whole restore.
+            data, buffers = view(group["pickle"]), [view(r) for r in group["buffers"]]
             try:
-                value = pickler.loads(
-                    view(group["pickle"]), [view(r) for r in group["buffers"]], namespace
-                )
+                value = pickler.loads(data, buffers, namespace)
             except Exception as exc:
                 for name in names:
                     report.missing[name] = f"{type(exc).__name__}: {exc}"

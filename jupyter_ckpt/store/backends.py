@@ -19,6 +19,7 @@ import ctypes
 import errno
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -35,7 +36,7 @@ class Backend(Protocol):
     def read_bytes(self, path: str) -> bytes: ...
     def read_into(self, path: str, out: memoryview) -> int: ...
     def exists(self, path: str) -> bool: ...
-    def touch(self, path: str) -> bool: ...
+    def reusable(self, path: str, max_age: float) -> bool: ...
     def mtime(self, path: str) -> float | None: ...
     def listdir(self, path: str) -> list[str]: ...
     def walk_files(self, path: str) -> Iterator[tuple[str, float, int]]: ...
@@ -197,14 +198,15 @@ class LocalBackend:
     def exists(self, path: str) -> bool:
         return os.path.exists(self._abs(path))
 
-    def touch(self, path: str) -> bool:
-        """Mark an existing file as just used (so gc's grace covers it); False if absent."""
+    def reusable(self, path: str, max_age: float) -> bool:
+        """True if the file exists, we can read it back, and its age is now refreshed (so
+        gc's grace covers it). A file we cannot read or refresh is written again."""
+        full = self._abs(path)
         try:
-            os.utime(self._abs(path))
-        except (FileNotFoundError, NotADirectoryError):
-            return False  # as exists() would say; writing it then names what is wrong
-        except PermissionError:  # someone else's file in a shared store: it exists
-            return True
+            os.utime(full)
+            os.close(os.open(full, os.O_RDONLY))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            return False
         return True
 
     def mtime(self, path: str) -> float | None:
@@ -287,10 +289,15 @@ class FsspecBackend:
     def exists(self, path: str) -> bool:
         return self.fs.exists(self._abs(path))
 
-    def touch(self, path: str) -> bool:
-        """Object stores cannot refresh a modification time without rewriting the object:
-        a reused chunk keeps its age here, so gc must not race writers on such stores."""
-        return self.exists(path)
+    def reusable(self, path: str, max_age: float) -> bool:
+        """True if the object exists, we may read it (the HEAD request needs read access)
+        and it is younger than ``max_age``. Object stores cannot refresh an object's age
+        without rewriting it, so an older one is put again rather than reused."""
+        try:
+            info = self.fs.info(self._abs(path))
+        except (FileNotFoundError, PermissionError):
+            return False
+        return _modified(info) > time.time() - max_age
 
     def mtime(self, path: str) -> float | None:
         try:

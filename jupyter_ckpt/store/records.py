@@ -1,4 +1,4 @@
-"""Records of suspended kernels: ``<store>/kernels/<kernel-id>.json``.
+"""Records of suspended kernels: ``kernels/<kernel-id>.json`` in the user's part of the store.
 
 The server writes a record once a kernel's image is committed and verified, before it shuts
 the kernel down, and removes it once the kernel runs again. A record is what lets a
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ImageNotFound, IntegrityError, InvalidReference
 
 if TYPE_CHECKING:
-    from . import ImageStore
+    from .imagestore import ImageStore
 
 KERNEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
 

@@ -7,6 +7,7 @@ anyone else can read it, as ssh does with private keys.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -33,13 +34,8 @@ class Signer:
     def _load_or_create(self) -> bytes:
         path = self.secret_file
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32))
+        if not os.path.exists(path):
+            _create_secret(path)
         try:
             mode = os.stat(path).st_mode
             if mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -52,7 +48,13 @@ class Signer:
         except OSError as exc:
             raise SecretError(f"cannot read the signing secret {path}: {exc}") from exc
         if len(secret) < 32:
-            raise SecretError(f"the signing secret {path} is too short (need 32+ characters)")
+            # Never replaced silently: images signed with a lost secret could not be
+            # loaded again, so the user decides.
+            raise SecretError(
+                f"the signing secret {path} is too short ({len(secret)} characters, need "
+                "32+); if it is empty it was left by an interrupted first use: remove it "
+                "and a new one is created"
+            )
         return secret.encode()
 
     def _mac(self, payload: bytes) -> str:
@@ -87,3 +89,24 @@ class Signer:
                 )
             raise IntegrityError(f"{where}: the manifest was altered (signature mismatch)")
         return manifest
+
+
+def _create_secret(path: str) -> None:
+    """Write a new secret aside (0600, fsynced) and link it into place: the file appears
+    complete or not at all, and of processes racing to create it, all read the winner's."""
+    tmp = f"{path}.tmp-{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):  # another process won: use theirs
+            os.link(tmp, path)
+        dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    finally:
+        os.unlink(tmp)

@@ -6,7 +6,12 @@ import * as React from 'react';
 import { exactTime, formatBytes, relativeTime } from './format';
 import { ckptIcon } from './icon';
 import { KernelStatusModel } from './kernelstatus';
-import { ISessionRow, SavedSessionsModel } from './sessions';
+import {
+  ISessionRow,
+  RowAction,
+  rowActions,
+  SavedSessionsModel
+} from './sessions';
 import { Verdict } from './types';
 
 export interface IRowActions {
@@ -153,21 +158,16 @@ export class SavedSessionsPanel extends ReactWidget {
           <div className="jp-CkptRow-title" id={titleId}>
             {image.id}
           </div>
-          <p className="jp-CkptRow-problem">Unreadable: {image.error}</p>
+          <p className="jp-CkptRow-problem">
+            Cannot be verified, so it cannot be resumed or deleted here:{' '}
+            {image.error}
+          </p>
           {note && (
             <p className="jp-CkptRow-note" role="alert">
               {note}
             </p>
           )}
-          <div className="jp-CkptRow-actions">
-            <button
-              className="jp-CkptButton"
-              onClick={() => void this._actions.remove(row)}
-              aria-label={`Delete unreadable image ${image.id}`}
-            >
-              Delete
-            </button>
-          </div>
+          {this._renderActions(row, image.id)}
         </li>
       );
     }
@@ -252,35 +252,56 @@ export class SavedSessionsPanel extends ReactWidget {
             {note}
           </p>
         )}
-        <div className="jp-CkptRow-actions">
-          <button
-            className="jp-CkptButton jp-mod-accept"
-            onClick={() => void this._actions.resume(row)}
-            aria-label={`${row.suspendedKernel ? 'Open' : 'Resume'} ${label}`}
-            title={
-              row.suspendedKernel
-                ? 'Open the notebook; running a cell restores its kernel'
-                : 'Start a kernel restored from this image and open its notebook'
-            }
-          >
-            {row.suspendedKernel ? 'Open' : 'Resume'}
-          </button>
-          <button
-            className="jp-CkptButton"
-            onClick={() => void this._actions.details(row)}
-            aria-label={`Details of ${label}`}
-          >
-            Details
-          </button>
-          <button
-            className="jp-CkptButton jp-mod-warn"
-            onClick={() => void this._actions.remove(row)}
-            aria-label={`Delete ${label}`}
-          >
-            Delete
-          </button>
-        </div>
+        {this._renderActions(row, label)}
       </li>
+    );
+  }
+
+  /** The row's buttons (see `rowActions`); none for an image that fails verification. */
+  private _renderActions(row: ISessionRow, label: string): JSX.Element | null {
+    const actions = rowActions(row.image);
+    if (actions.length === 0) {
+      return null;
+    }
+    const buttons: Record<RowAction, JSX.Element> = {
+      resume: (
+        <button
+          key="resume"
+          className="jp-CkptButton jp-mod-accept"
+          onClick={() => void this._actions.resume(row)}
+          aria-label={`${row.suspendedKernel ? 'Open' : 'Resume'} ${label}`}
+          title={
+            row.suspendedKernel
+              ? 'Open the notebook; running a cell restores its kernel'
+              : 'Start a kernel restored from this image and open its notebook'
+          }
+        >
+          {row.suspendedKernel ? 'Open' : 'Resume'}
+        </button>
+      ),
+      details: (
+        <button
+          key="details"
+          className="jp-CkptButton"
+          onClick={() => void this._actions.details(row)}
+          aria-label={`Details of ${label}`}
+        >
+          Details
+        </button>
+      ),
+      delete: (
+        <button
+          key="delete"
+          className="jp-CkptButton jp-mod-warn"
+          onClick={() => void this._actions.remove(row)}
+          aria-label={`Delete ${label}`}
+        >
+          Delete
+        </button>
+      )
+    };
+    return (
+      <div className="jp-CkptRow-actions">{actions.map(a => buttons[a])}</div>
     );
   }
 

@@ -15,6 +15,18 @@ export interface ISessionRow {
   suspendedKernel: string | null;
 }
 
+/** What the panel offers to do with a row's image. */
+export type RowAction = 'resume' | 'details' | 'delete';
+
+/**
+ * The actions of a row. An image that fails verification (signed with a different
+ * secret, altered, unreadable) gets none: the server refuses to restore or delete an
+ * image it cannot vouch for, which may well be someone else's.
+ */
+export function rowActions(image: IImage): RowAction[] {
+  return image.state === 'invalid' ? [] : ['resume', 'details', 'delete'];
+}
+
 /**
  * The API path of a notebook the kernel recorded as a file-system path (kernels see
  * `JPY_SESSION_NAME`, an absolute path); null when it lies outside the server root.

@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import {
   apiPath,
   filterRows,
+  rowActions,
   SavedSessionsModel,
   sessionRows
 } from '../src/sessions';
@@ -31,6 +32,22 @@ describe('apiPath', () => {
   it('refuses paths outside the root, including look-alike prefixes', () => {
     expect(apiPath('/tmp/x.ipynb', ROOT)).toBeNull();
     expect(apiPath('/home/me/notebooks2/x.ipynb', ROOT)).toBeNull();
+  });
+});
+
+describe('rowActions', () => {
+  it('offers nothing for an image that fails verification', () => {
+    const foreign = image('f1', '2026-01-01T00:00:00Z', {
+      state: 'invalid',
+      error: 'image f1: signed with a different secret (key 1, ours is 2)'
+    });
+    expect(rowActions(foreign)).toEqual([]);
+  });
+  it('offers resume, details and delete for verified images', () => {
+    const saved = image('s1', '2026-01-01T00:00:00Z');
+    const pinned = image('p1', '2026-01-01T00:00:00Z', { state: 'suspended' });
+    expect(rowActions(saved)).toEqual(['resume', 'details', 'delete']);
+    expect(rowActions(pinned)).toEqual(['resume', 'details', 'delete']);
   });
 });
 

@@ -51,7 +51,8 @@ class CkptExtensionApp(ExtensionApp):
         self.policy = SuspendPolicy(parent=self)
         store = ImageStore(parent=self)
         km.ckpt_env = {
-            "JUPYTER_CKPT_STORE": store.backend.url,
+            "JUPYTER_CKPT_STORE": store.root_url,
+            "JUPYTER_CKPT_USER": store.user,
             "JUPYTER_CKPT_SECRET_FILE": store.signer.secret_file,
         }
         event_logger = self.serverapp.event_logger

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,13 +32,14 @@ def test_put_get_all_delete(records):
 
 def test_altered_or_misnamed_records_are_refused(records, tmp_path):
     records.put({"kernel_id": KID, "image_id": "a" * 32})
-    path = tmp_path / "store" / "kernels" / f"{KID}.json"
+    kernels = Path(records.store.backend.root, "kernels")  # the user's part of the store
+    path = kernels / f"{KID}.json"
     sealed = json.loads(path.read_text())
     sealed["manifest"]["image_id"] = "b" * 32
     path.write_text(json.dumps(sealed))
     other = "0b0c1d2e-0000-4000-8000-000000000002"
     records.put({"kernel_id": KID, "image_id": "c" * 32})
-    (tmp_path / "store" / "kernels" / f"{other}.json").write_bytes(path.read_bytes())
+    (kernels / f"{other}.json").write_bytes(path.read_bytes())
     path.write_text(json.dumps(sealed))
     found, errors = records.all()
     assert found == {}

@@ -117,7 +117,7 @@ async def test_sigterm_suspends_and_the_restarted_server_restores(tmp_path):
         client.close()
     finally:
         server.terminate()
-    records = list((tmp_path / "store" / "kernels").glob("*.json"))
+    records = list((tmp_path / "store").glob("users/*/kernels/*.json"))
     assert [r.stem for r in records] == [kernel_id]
 
     await server.start()

@@ -1,0 +1,502 @@
+"""The image store: content-addressed chunks plus signed manifests.
+
+An image's bytes are a list of *segments* (one packed stream of small pickles and
+buffers, then one segment per large buffer). Segments are cut into fixed-size chunks named
+by their hash (see :mod:`.layout`), so a second save of a slightly changed session writes
+only the chunks that changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import io
+import json
+import os
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from jupyter_core.paths import jupyter_data_dir
+from traitlets import Bool, Dict, Float, Int, Unicode, default, validate
+from traitlets.config import LoggingConfigurable
+
+from ..errors import (
+    AmbiguousReference,
+    ImageInUse,
+    ImageNotFound,
+    IntegrityError,
+    InvalidReference,
+)
+from .backends import LocalBackend, open_backend
+from .layout import (
+    BUFFER_BYTES,
+    GC_GRACE_SECONDS,
+    ID_RE,
+    MANIFEST_MAX,
+    check_ref,
+    chunk_hash,
+    chunk_path,
+    manifest_path,
+)
+from .leases import Lease, live_leases
+from .reading import Segments, allocate
+from .records import KernelRecords
+from .signing import Signer
+from .users import check_user, prepare_local, user_prefix
+from .writer import ImageWriter
+
+
+class ImageStore(LoggingConfigurable):
+    """Where images live: ``ImageStore.url`` (or ``JUPYTER_CKPT_STORE``) is the root, and
+    this store reads and writes only ``<root>/users/<ImageStore.user>/`` (:mod:`.users`)."""
+
+    url = Unicode(help="Store location: a local path or an fsspec URL (s3://bucket/prefix).").tag(
+        config=True
+    )
+
+    @default("url")
+    def _default_url(self) -> str:
+        return os.environ.get("JUPYTER_CKPT_STORE") or os.path.join(jupyter_data_dir(), "ckpt")
+
+    user = Unicode(
+        help="Whose part of the store to use: images live under <url>/users/<user>/. "
+        "Default: $JUPYTER_CKPT_USER (set by the server for its kernels), else "
+        "$JUPYTERHUB_USER, else the login name.",
+    ).tag(config=True)
+
+    @default("user")
+    def _default_user(self) -> str:
+        for name in ("JUPYTER_CKPT_USER", "JUPYTERHUB_USER"):
+            if os.environ.get(name):
+                return os.environ[name]
+        try:
+            return getpass.getuser()
+        except (KeyError, OSError):  # a uid without a passwd entry (containers)
+            return f"uid-{os.getuid()}"
+
+    @validate("user")
+    def _validate_user(self, proposal: Any) -> str:
+        return check_user(proposal["value"])
+
+    secret_file = Unicode(
+        help="Per-user signing secret, kept outside the store (created 0600 on first use)."
+    ).tag(config=True)
+
+    @default("secret_file")
+    def _default_secret_file(self) -> str:
+        return os.environ.get("JUPYTER_CKPT_SECRET_FILE") or os.path.join(
+            jupyter_data_dir(), "ckpt-secret"
+        )
+
+    fsync = Bool(True, help="fsync chunks and manifests before an image counts as committed.").tag(
+        config=True
+    )
+
+    io_threads = Int(
+        8,
+        help="Threads that hash, write and read chunks in parallel; more than cores, since "
+        "they mostly wait for the disk (8 beat 4 on a 2-core machine, benchmarks/README.md).",
+    ).tag(config=True)
+
+    direct_io = Bool(
+        True,
+        help="Read chunks of a local store with O_DIRECT where the file system supports it "
+        "(faster and lighter on the CPU for cold reads; falls back by itself).",
+    ).tag(config=True)
+
+    buffer_bytes = Int(
+        BUFFER_BYTES,
+        help="Host memory a save may use for the copies it writes (GPU data on its way to "
+        "the store, packed small buffers), whatever the size of the state. Kernels read "
+        "JUPYTER_CKPT_BUFFER_BYTES.",
+    ).tag(config=True)
+
+    @default("buffer_bytes")
+    def _default_buffer_bytes(self) -> int:
+        return int(os.environ.get("JUPYTER_CKPT_BUFFER_BYTES") or BUFFER_BYTES)
+
+    storage_options = Dict(
+        help="fsspec options for a remote store (e.g. {'endpoint_url': ...} for an "
+        "S3-compatible server). Kernels read fsspec's own config instead (FSSPEC_S3=<json>), "
+        "so the server and its kernels can share one setting through the environment.",
+    ).tag(config=True)
+
+    retention_days = Float(
+        0, help="Remove images older than this many days (0: keep regardless of age)."
+    ).tag(config=True)
+    max_images = Int(0, help="Keep at most this many images, newest first (0: no limit).").tag(
+        config=True
+    )
+    quota_bytes = Int(
+        0, help="Remove the oldest images while the store holds more than this (0: no quota)."
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        options = {"fsync": self.fsync, "direct_io": self.direct_io, **self.storage_options}
+        root = open_backend(self.url, **options)
+        if isinstance(root, LocalBackend):
+            prefix = prepare_local(root.root, self.user)
+        else:
+            prefix = f"{root.url}/{user_prefix(self.user)}"
+        #: The store's root as kernels and other processes must be given it (absolute).
+        self.root_url = root.url
+        #: This user's part of the store: every read and write goes through it.
+        self.backend = open_backend(prefix, **options)
+        self.signer = Signer(self.secret_file)
+        self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
+
+    # -- writing -------------------------------------------------------------------------
+
+    def writer(self) -> ImageWriter:
+        return ImageWriter(self)
+
+    def _put_chunk(
+        self, data: memoryview, claim: Callable[[str], bool]
+    ) -> tuple[str, int, str | None]:
+        """(digest, bytes written, staged file or None); the commit publishes the staged.
+
+        The chunk is hashed and written from one private copy: a thread that changes the
+        buffer meanwhile can make the image a mix of old and new values, but never a chunk
+        whose bytes do not match its name.
+        """
+        data = memoryview(bytes(data))
+        digest = chunk_hash(data)
+        path = chunk_path(digest)
+        # A reusable chunk is refreshed, not skipped: an unreferenced one (of a deleted
+        # image) would otherwise look old to a concurrent gc and go before our manifest.
+        if not claim(digest) or self.backend.reusable(path, GC_GRACE_SECONDS / 2):
+            return digest, 0, None
+        return digest, len(data), self.backend.stage(path, data)
+
+    def lease(self) -> Lease:
+        """Tell gc that a writer may be reusing unreferenced chunks (see :mod:`.leases`)."""
+        return Lease(self.backend)
+
+    def missing_chunks(self, manifest: dict[str, Any]) -> list[str]:
+        """The chunks an image names that are not in the store."""
+        digests = sorted({d for s in manifest["segments"] for d, _ in s["chunks"]})
+        present = self._pool.map(lambda d: self.backend.exists(chunk_path(d)), digests)
+        return [d for d, ok in zip(digests, present, strict=True) if not ok]
+
+    def _publish(self, staged: list[tuple[str, str]]) -> None:
+        """Make staged chunks durable and visible, then their directory entries durable:
+        all on the pool, so the fsyncs overlap and the file system batches them."""
+        pool = self._pool
+        list(pool.map(lambda s: self.backend.publish(*s), staged))
+        dirs = {p.rpartition("/")[0] for _, p in staged}
+        list(pool.map(self.backend.sync_dir, sorted(dirs | {"chunks"} if dirs else dirs)))
+
+    # -- reading -------------------------------------------------------------------------
+
+    def image_ids(self) -> list[str]:
+        return [i for i in self.backend.listdir("images") if ID_RE.match(i)]
+
+    def load_manifest(self, image_id: str) -> dict[str, Any]:
+        """The verified manifest of one image id."""
+        if not isinstance(image_id, str) or not ID_RE.match(image_id):
+            raise InvalidReference(f"invalid image id {image_id!r}: 32 hex digits expected")
+        path = manifest_path(image_id)
+        try:
+            data = self.backend.read_bytes(path)
+        except FileNotFoundError:
+            raise ImageNotFound(f"no image with id {image_id} in {self.backend.url}") from None
+        manifest = self.signer.open(data, f"image {image_id}")
+        if manifest.get("id") != image_id:
+            raise IntegrityError(f"image {image_id}: manifest names another id, refusing it")
+        return manifest
+
+    def iter_manifests(self) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
+        """(id, manifest or None, error) for every image, newest first; bad ones are named."""
+        entries = []
+        for image_id in self.image_ids():
+            try:
+                entries.append((image_id, self.load_manifest(image_id), None))
+            except (IntegrityError, ImageNotFound) as exc:
+                entries.append((image_id, None, str(exc)))
+            except OSError as exc:  # e.g. a file another user put here, unreadable to us
+                entries.append((image_id, None, f"image {image_id}: cannot read it ({exc})"))
+        for image_id, _, error in entries:
+            if error:
+                self.log.debug("Skipping image %s: %s", image_id, error)
+        entries.sort(key=lambda e: (e[1] or {}).get("created", ""), reverse=True)
+        yield from entries
+
+    def resolve(self, ref: str) -> str:
+        """An image id from an id, a unique id prefix, or a name (the newest image of it)."""
+        check_ref(ref)
+        if ID_RE.match(ref) and self.backend.exists(manifest_path(ref)):
+            return ref
+        named = [(m["created"], i) for i, m, _ in self.iter_manifests() if m and m["name"] == ref]
+        if named:
+            return max(named)[1]
+        prefixed = [i for i in self.image_ids() if i.startswith(ref)] if len(ref) >= 4 else []
+        if len(prefixed) == 1:
+            return prefixed[0]
+        if len(prefixed) > 1:
+            raise AmbiguousReference(f"{ref!r} matches {len(prefixed)} images; give more of the id")
+        raise ImageNotFound(f"no image named or with id {ref!r} in {self.backend.url}")
+
+    def open(self, ref: str) -> dict[str, Any]:
+        return self.load_manifest(self.resolve(ref))
+
+    def read_segments(self, manifest: dict[str, Any]) -> Segments:
+        """The image's segments, each read and verified when first used and dropped after
+        its last use, so a restore holds one group's data at a time, not the image."""
+        return Segments(manifest, self._read_chunk, self._pool)
+
+    def _read_chunk(self, digest: str, out: memoryview) -> None:
+        try:
+            n = self.backend.read_into(chunk_path(digest), out)
+        except FileNotFoundError:
+            raise IntegrityError(f"chunk {digest} is missing from the store") from None
+        if n != len(out) or chunk_hash(out) != digest:
+            raise IntegrityError(f"chunk {digest} was altered (content does not match its hash)")
+
+    def verify(self, ref: str) -> dict[str, Any]:
+        """Check signature and every chunk; return the manifest. Unpickles nothing, and
+        holds only one chunk per I/O thread in memory, whatever the image's size."""
+        manifest = self.open(ref)
+        chunks = [chunk for segment in manifest["segments"] for chunk in segment["chunks"]]
+        for _ in self._pool.map(lambda c: self._read_chunk(c[0], allocate(c[1])), chunks):
+            pass
+        return manifest
+
+    # -- removing ------------------------------------------------------------------------
+
+    @property
+    def records(self) -> KernelRecords:
+        """The records of suspended kernels kept in this store."""
+        return KernelRecords(self)
+
+    def delete(self, ref: str) -> str:
+        """Remove an image we signed that no suspended kernel needs."""
+        image_id = self.resolve(ref)
+        try:
+            self.load_manifest(image_id)
+        except IntegrityError as exc:
+            raise IntegrityError(
+                f"refusing to delete image {image_id}: it is not one of ours ({exc})"
+            ) from exc
+        except OSError as exc:
+            raise IntegrityError(
+                f"refusing to delete image {image_id}: cannot read its manifest ({exc})"
+            ) from exc
+        for kernel_id, record in self.records.all()[0].items():
+            if record.get("image_id") == image_id:
+                raise ImageInUse(
+                    f"image {image_id} is needed by suspended kernel {kernel_id}; "
+                    "resume or shut down that kernel first"
+                )
+        # Removing the manifest first makes the image vanish at once; chunks go in gc().
+        self.backend.remove(manifest_path(image_id))
+        self.backend.remove(f"images/{image_id}")
+        return image_id
+
+    def gc(self, grace_seconds: float = GC_GRACE_SECONDS) -> GcResult:
+        """Remove chunks no image references.
+
+        Chunks younger than ``grace_seconds`` are kept: a writer in another process writes
+        its chunks before its manifest, and they must survive until the manifest lands.
+        While any writer holds a live lease (:mod:`.leases`) no unreferenced chunk is
+        removed at all, since it may be reusing one; and a manifest we cannot read may
+        reference any chunk, so one of those also keeps every chunk.
+        """
+        referenced: set[str] = set()
+        notes = []
+        for image_id in self.image_ids():
+            try:
+                data = json.loads(self.backend.read_bytes(manifest_path(image_id)))
+                segments = data["manifest"]["segments"]
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                continue  # gone, or not a manifest: it references nothing
+            except OSError as exc:
+                notes.append(
+                    f"image {image_id}: cannot read its manifest ({exc}); no chunk is "
+                    "removed while an unreadable image may reference it"
+                )
+                continue
+            referenced.update(digest for s in segments for digest, _ in s["chunks"])
+        now = time.time()
+        cutoff = now - grace_seconds
+        candidates = [
+            (path, size)
+            for path, mtime, size in list(self.backend.walk_files("chunks"))
+            if path.rsplit("/", 1)[-1] not in referenced and mtime <= cutoff
+        ]
+        leases = live_leases(self.backend, now)
+        if leases and candidates:
+            notes.append(
+                f"{len(leases)} save(s) in progress: unreferenced chunks are kept until they finish"
+            )
+        for note in notes:
+            self.log.warning("gc: %s", note)
+        if notes:
+            return GcResult(0, 0, notes)
+        removed = freed = 0
+        for path, size in candidates:
+            # Look again: a writer may have reused (refreshed) it since the listing.
+            mtime_now = self.backend.mtime(path)
+            if mtime_now is None or mtime_now > cutoff:
+                continue
+            self.backend.remove(path)
+            removed += 1
+            freed += size
+        return GcResult(removed, freed, notes)
+
+    def expired(self, pinned: set[str], now: float | None = None) -> list[str]:
+        """Image ids the retention rules remove, oldest first. Images in ``pinned``
+        (needed by suspended kernels) and images that fail to load are never chosen."""
+        now = time.time() if now is None else now
+        images = [(i, m) for i, m, _ in self.iter_manifests() if m is not None]  # newest first
+        doomed: set[str] = set()
+        if self.retention_days > 0:
+            cutoff = now - self.retention_days * 86400
+            doomed |= {i for i, m in images if _created(m) < cutoff}
+        if self.max_images > 0:
+            doomed |= {i for i, _ in images[self.max_images :]}
+        if self.quota_bytes > 0:
+            kept = [(i, m) for i, m in images if i not in doomed]
+            while _stored_bytes(m for _, m in kept) > self.quota_bytes:
+                removable = [i for i, _ in kept if i not in pinned]
+                if not removable:
+                    break
+                doomed.add(removable[-1])
+                kept = [(i, m) for i, m in kept if i != removable[-1]]
+        return [i for i, _ in reversed(images) if i in doomed and i not in pinned]
+
+    def enforce_retention(
+        self, now: float | None = None, grace_seconds: float = GC_GRACE_SECONDS
+    ) -> RetentionResult:
+        """Delete expired images, then unreferenced chunks.
+        Unpacks as (image ids removed, chunk files removed, bytes freed).
+
+        Manifests go first and chunks after, through ``gc``: a crash in between leaves
+        only unreferenced chunks, which the next run removes."""
+        removed = []
+        for image_id in self.expired(self.records.pinned_images(), now):
+            self.delete(image_id)
+            removed.append(image_id)
+        result = self.gc(grace_seconds)
+        return RetentionResult(removed, result.files, result.freed, result.notes)
+
+    # -- moving images between stores -----------------------------------------------------
+
+    def export(self, ref: str, file: str) -> str:
+        """Write one image (manifest and chunks) to a tar file, private to the user (0600)
+        and complete or absent: it is written aside and renamed into place."""
+        manifest = self.verify(ref)
+        image_id = manifest["id"]
+        target = os.path.abspath(file)
+        tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp-{image_id}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w") as tar:
+                digests = sorted({d for s in manifest["segments"] for d, _ in s["chunks"]})
+                for name in ["manifest.json"] + [chunk_path(d) for d in digests]:
+                    path = manifest_path(image_id) if name == "manifest.json" else name
+                    self._tar_add(tar, name, self.backend.read_bytes(path))
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return image_id
+
+    @staticmethod
+    def _tar_add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = 0o600
+        tar.addfile(info, io.BytesIO(data))
+
+    def import_(self, file: str) -> str:
+        """Add an exported image. It must be signed with our secret; its manifest is
+        written only once every chunk checked out. Streams one chunk at a time."""
+        with tarfile.open(file, "r") as tar:
+            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+            if "manifest.json" not in members:
+                raise IntegrityError(f"{file}: not a jupyter-ckpt export (no manifest.json)")
+            sealed = self._tar_read(tar, members["manifest.json"], MANIFEST_MAX)
+            manifest = self.signer.open(sealed, file)
+            image_id = check_ref(manifest.get("id", ""), "image id")
+            if not ID_RE.match(image_id):
+                raise IntegrityError(f"{file}: bad image id {image_id!r}")
+            lease = self.lease()
+            staged: list[tuple[str, str]] = []
+            try:
+                sizes = {d: n for s in manifest["segments"] for d, n in s["chunks"]}
+                for digest, size in sorted(sizes.items()):
+                    path = chunk_path(digest)
+                    member = members.get(path)
+                    if member is None:
+                        raise IntegrityError(f"{file}: chunk {digest} is missing")
+                    data = self._tar_read(tar, member, size)
+                    if len(data) != size or chunk_hash(data) != digest:
+                        raise IntegrityError(f"{file}: chunk {digest} was altered")
+                    if not self.backend.reusable(path, GC_GRACE_SECONDS / 2):
+                        staged.append((self.backend.stage(path, data), path))
+                self._publish(staged)
+            except BaseException:
+                for stage, _ in staged:
+                    self.backend.discard(stage)
+                lease.release()
+                raise
+        try:
+            self.backend.write_atomic(manifest_path(image_id), sealed)
+            self.backend.sync_dir(f"images/{image_id}")
+        finally:
+            lease.release()
+        return image_id
+
+    @staticmethod
+    def _tar_read(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> bytes:
+        """A member's bytes; one larger than it may be is refused before it is read."""
+        if member.size > limit:
+            raise IntegrityError(f"{member.name}: {member.size} bytes, expected at most {limit}")
+        f = tar.extractfile(member)
+        assert f is not None
+        return f.read()
+
+
+@dataclass
+class GcResult:
+    """What gc did, and why it kept chunks it would otherwise have removed."""
+
+    files: int
+    freed: int
+    notes: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[int]:
+        """Unpacks as (files removed, bytes freed)."""
+        return iter((self.files, self.freed))
+
+    def __getitem__(self, index: int) -> int:
+        return tuple(self)[index]
+
+
+@dataclass
+class RetentionResult:
+    images: list[str]
+    files: int
+    freed: int
+    notes: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Unpacks as (image ids removed, chunk files removed, bytes freed)."""
+        return iter((self.images, self.files, self.freed))
+
+
+def _created(manifest: dict[str, Any]) -> float:
+    return datetime.fromisoformat(manifest["created"]).timestamp()
+
+
+def _stored_bytes(manifests: Any) -> int:
+    """Bytes of the distinct chunks the images reference (shared chunks count once)."""
+    chunks = {(d, n) for m in manifests for s in m["segments"] for d, n in s["chunks"]}
+    return sum(n for _, n in chunks)
