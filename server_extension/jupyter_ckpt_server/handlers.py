@@ -158,7 +158,8 @@ class StatusHandler(_Polled):
     @authorized
     @_http_errors
     async def get(self) -> None:
-        self.reply(await self.service.status())
+        # ?kernel_id=X: that kernel alone, its threads and tasks checked now
+        self.reply(await self.service.status(self.get_argument("kernel_id", None)))
 
 
 default_handlers = [
