@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +122,7 @@ async def test_background_work_keeps_the_kernel_until_it_ends(
     assert text_of(outputs).strip() == str(STEPS)
 
 
-async def test_threads_named_as_helpers_do_not_count(
-    jp_fetch, connect, manager, monitor, tmp_path
-):
+async def test_threads_named_as_helpers_do_not_count(jp_fetch, connect, manager, monitor, tmp_path):
     await tick_fast(manager, monitor)
     manager.policy.background_thread_ignore = ["prefetch-*"]
     progress = tmp_path / "progress"
@@ -168,9 +165,7 @@ async def test_a_busy_gpu_keeps_the_kernel(jp_fetch, connect, manager, monitor):
     assert manager.records.get(kernel_id)["gpu"]["busy"] == {"0": 87}
 
 
-async def test_a_kernel_that_does_not_answer_counts_as_busy(
-    jp_fetch, connect, manager, monitor
-):
+async def test_a_kernel_that_does_not_answer_counts_as_busy(jp_fetch, connect, manager, monitor):
     kernel_id = await start_kernel(jp_fetch)
     await (await connect(kernel_id)).execute("x = 1")
     pid = manager.kernel_pid(kernel_id)
@@ -179,9 +174,7 @@ async def test_a_kernel_that_does_not_answer_counts_as_busy(
     stopped = await asyncio.create_subprocess_exec("kill", "-STOP", str(pid))
     await stopped.wait()
     try:
-        await poll(
-            lambda: manager.kernel_manager.get_kernel(kernel_id).execution_state == "idle"
-        )
+        await poll(lambda: manager.kernel_manager.get_kernel(kernel_id).execution_state == "idle")
         assert await monitor.tick() == []
         blocked = (await status_of(jp_fetch, kernel_id))["blocked_by"]
         assert blocked == ["the kernel did not answer the activity check"]
