@@ -199,3 +199,23 @@ async def test_idleness_is_checked_again_right_before_each_suspend(
     await client.execute(WORK["thread"][0])
     assert await tick == [first]
     assert km.is_running(second) and not km.is_suspended(second)
+
+
+async def test_suspend_now_sees_the_work_and_remains_the_users_choice(
+    jp_fetch, connect, manager, tmp_path
+):
+    """What "Suspend Kernel Now" asks first: the status of this one kernel, its work
+    checked at once (idle_timeout is an hour here). The REST suspend still obeys."""
+    kernel_id = await start_kernel(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute(
+        SETUP.format(steps=10 * STEPS, progress=str(tmp_path / "p")) + WORK["thread"][0]
+    )
+    r = await jp_fetch("api", "ckpt", "status", params={"kernel_id": kernel_id})
+    (status,) = json.loads(r.body)["kernels"]
+    assert status["background_work"] == ["a thread started by `_train` is running"]
+    assert status["kernel_id"] == kernel_id and status["state"] == "running"
+
+    r = await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="{}")
+    assert json.loads(r.body)["kernel_id"] == kernel_id
+    assert manager.kernel_manager.is_suspended(kernel_id)
