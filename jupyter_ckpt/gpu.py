@@ -206,10 +206,12 @@ class GpuProbe:
     def children(self) -> dict[int, list[int]]:
         """parent pid -> child pids, from one pass over the process table."""
         children: dict[int, list[int]] = {}
-        for process in psutil.process_iter(["ppid"]):
-            ppid = process.info["ppid"]
-            if ppid is not None:
-                children.setdefault(ppid, []).append(process.pid)
+        for process in psutil.process_iter():
+            try:
+                ppid = process.ppid()
+            except psutil.Error:  # gone meanwhile
+                continue
+            children.setdefault(ppid, []).append(process.pid)
         return children
 
     def process_tree(self, pid: int, children: dict[int, list[int]] | None = None) -> set[int]:

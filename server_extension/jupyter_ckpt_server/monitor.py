@@ -29,6 +29,7 @@ from .manager import CkptManager, SuspendFailed
 
 # Retention also runs after every write; this catches images that age out meanwhile.
 RETENTION_EVERY_SECONDS = 3600
+GPU_WINDOW_SECONDS = 3
 
 
 @dataclass
@@ -74,8 +75,10 @@ class IdleMonitor:
         self._kernel_work: dict[str, list[str]] = {}
 
     def snapshot(self) -> GpuSnapshot:
-        # GPU utilization over the last tick: work between two ticks is not missed
-        return self.manager.probe.snapshot(self.manager.policy.check_interval)
+        # GPU utilization over the last tick, so that work between two ticks is not
+        # missed; at least a few seconds, as drivers sample each process about once a second
+        window = max(self.manager.policy.check_interval, GPU_WINDOW_SECONDS)
+        return self.manager.probe.snapshot(window)
 
     def assess_all(self, snapshot: GpuSnapshot | None = None) -> list[Assessment]:
         """Every running kernel, from one snapshot; threads and tasks as last checked."""
