@@ -164,8 +164,9 @@ class IdleMonitor:
         if found:
             self._kernel_work[a.kernel_id] = found
             a.background_work += found
-        kernel = self.manager.kernel_manager.get_kernel(a.kernel_id)
+        km = self.manager.kernel_manager
         now = datetime.now(timezone.utc)
+        kernel = km.get_kernel(a.kernel_id) if km.is_running(a.kernel_id) else None
         self._note_work(a, now, getattr(kernel, "last_activity", None) or now, bool(found))
 
     async def assess(self, kernel_ids: list[str] | None = None) -> list[Assessment]:

@@ -76,9 +76,9 @@ async def kernel_side(manager: CkptManager, kernel_id: str, policy: SuspendPolic
     back where it was, so that checking a kernel never keeps it from being suspended.
     """
     kinds = [k for k in KERNEL_SIDE_KINDS if k in policy.background_work]
-    if not kinds:
-        return []
     km = manager.kernel_manager
+    if not kinds or not km.is_running(kernel_id):
+        return []
     kernel = km.get_kernel(kernel_id)
     last, last_any = kernel.last_activity, km.last_kernel_activity
     messages = manager.client_messages[kernel_id]
@@ -93,9 +93,20 @@ async def kernel_side(manager: CkptManager, kernel_id: str, policy: SuspendPolic
         reasons = [NO_ANSWER]
     except SuspendFailed as exc:  # an error in the kernel, or a kernel without jupyter_ckpt
         reasons = [f"the activity check failed: {exc}"]
-    await manager._settled(kernel_id, timeout)
+    await _seen_done(kernel, last, timeout)
     if km.is_running(kernel_id) and manager.client_messages[kernel_id] == messages:
         if km.last_kernel_activity == kernel.last_activity:
             km.last_kernel_activity = last_any
         kernel.last_activity = last
     return reasons
+
+
+async def _seen_done(kernel: Any, last: Any, timeout: float) -> None:
+    """Wait until the server has seen the call's busy and idle status messages (they come
+    on iopub, which may lag the reply): only then is the idle clock safe to put back."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while kernel.last_activity == last or kernel.execution_state == "busy":
+        if loop.time() > deadline:
+            return
+        await asyncio.sleep(0.005)
