@@ -32,6 +32,10 @@ KERNEL_PACKAGES = (
     "comm",
     "traitlets",
     "debugpy",
+    # debugpy's vendored pydevd, imported under its own top-level names
+    "_pydevd_bundle",
+    "_pydev_bundle",
+    "pydevd",
     "jupyter_ckpt",
 )
 

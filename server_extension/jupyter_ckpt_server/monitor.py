@@ -129,7 +129,8 @@ class IdleMonitor:
         kinds = policy.background_work
         if "children" in kinds and pid:
             tree = manager.probe.process_tree(pid, snapshot.children)
-            a.background_work += work.child_processes(pid, tree)
+            connection_file = getattr(kernel, "connection_file", "")
+            a.background_work += work.child_processes(pid, tree, connection_file)
         if "gpu" in kinds:
             a.background_work += work.gpu_busy(usage, policy.gpu_busy_percent)
         seen = bool(a.background_work)

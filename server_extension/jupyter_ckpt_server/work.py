@@ -36,9 +36,11 @@ def _short(cmdline: list[str], width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def child_processes(kernel_pid: int, tree: set[int]) -> list[str]:
+def child_processes(kernel_pid: int, tree: set[int], connection_file: str) -> list[str]:
     """``["2 child processes: python -c ...; sleep 5"]``, or [] when the kernel has none
-    (exited children not yet reaped and multiprocessing's helpers do not count)."""
+    (exited children not yet reaped and multiprocessing's helpers do not count). A kernel
+    started through a wrapper (``conda run``, a launcher script) is a child of the process
+    the server started: a process given the kernel's connection file is the kernel."""
     shown = []
     for pid in sorted(tree - {kernel_pid}):
         try:
@@ -48,7 +50,10 @@ def child_processes(kernel_pid: int, tree: set[int]) -> list[str]:
             cmdline = process.cmdline() or [process.name()]
         except psutil.Error:  # gone meanwhile
             continue
-        if any(helper in " ".join(cmdline) for helper in IDLE_HELPERS):
+        text = " ".join(cmdline)
+        if (connection_file and connection_file in text) or any(
+            helper in text for helper in IDLE_HELPERS
+        ):
             continue
         shown.append(_short(cmdline))
     if not shown:

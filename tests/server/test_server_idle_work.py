@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,8 @@ async def status_of(jp_fetch: Any, kernel_id: str) -> dict[str, Any]:
     return next(k for k in status["kernels"] if k["kernel_id"] == kernel_id)
 
 
-async def start_kernel(jp_fetch: Any) -> str:
-    r = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "python3"}))
+async def start_kernel(jp_fetch: Any, name: str = "python3") -> str:
+    r = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": name}))
     return json.loads(r.body)["id"]
 
 
@@ -220,3 +221,35 @@ async def test_suspend_now_sees_the_work_and_remains_the_users_choice(
     r = await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="{}")
     assert json.loads(r.body)["kernel_id"] == kernel_id
     assert manager.kernel_manager.is_suspended(kernel_id)
+
+
+@pytest.fixture
+def launched_kernel(jp_data_dir: Path) -> str:
+    """A kernel started through a launcher that stays its parent (as ``conda run`` does)."""
+    spec_dir = jp_data_dir / "kernels" / "launched"
+    spec_dir.mkdir(parents=True)
+    launcher = (
+        "import subprocess, sys; sys.exit(subprocess.call("
+        "[sys.executable, '-m', 'ipykernel_launcher', '-f', sys.argv[1]]))"
+    )
+    spec = {
+        "argv": [sys.executable, "-c", launcher, "{connection_file}"],
+        "display_name": "Python behind a launcher",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    return "launched"
+
+
+async def test_a_kernel_behind_a_launcher_is_not_a_child_process(
+    jp_fetch, connect, manager, monitor, launched_kernel
+):
+    kernel_id = await start_kernel(jp_fetch, launched_kernel)
+    client = await connect(kernel_id)
+    await client.execute("import subprocess")
+    (status,) = await monitor.assess([kernel_id])
+    assert status.background_work == []
+    await client.execute("p = subprocess.Popen(['sleep', '30'])")
+    (status,) = await monitor.assess([kernel_id])
+    assert status.background_work == ["1 child process: sleep 30"]
+    await client.execute("p.kill(); p.wait()")
