@@ -159,7 +159,10 @@ class StatusHandler(_Polled):
     @_http_errors
     async def get(self) -> None:
         # ?kernel_id=X: that kernel alone, its threads and tasks checked now
-        self.reply(await self.service.status(self.get_argument("kernel_id", None)))
+        kernel_id = self.get_argument("kernel_id", None)
+        if kernel_id is not None:
+            self.check_kernel(kernel_id)
+        self.reply(await self.service.status(kernel_id))
 
 
 default_handlers = [

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from server_helpers import FakeNvml, poll, text_of
+from tornado.httpclient import HTTPClientError
 
 from jupyter_ckpt.gpu import GpuProbe
 
@@ -217,6 +218,10 @@ async def test_suspend_now_sees_the_work_and_remains_the_users_choice(
     (status,) = json.loads(r.body)["kernels"]
     assert status["background_work"] == ["a thread started by `_train` is running"]
     assert status["kernel_id"] == kernel_id and status["state"] == "running"
+
+    with pytest.raises(HTTPClientError) as unknown:
+        await jp_fetch("api", "ckpt", "status", params={"kernel_id": "no-such-kernel"})
+    assert unknown.value.code == 404
 
     r = await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="{}")
     assert json.loads(r.body)["kernel_id"] == kernel_id
