@@ -80,8 +80,11 @@ class IdleMonitor:
         window = max(self.manager.policy.check_interval, GPU_WINDOW_SECONDS)
         return self.manager.probe.snapshot(window)
 
-    def assess_all(self, snapshot: GpuSnapshot | None = None) -> list[Assessment]:
-        """Every running kernel, from one snapshot; threads and tasks as last checked."""
+    def assess_all(
+        self, snapshot: GpuSnapshot | None = None, kernel_ids: list[str] | None = None
+    ) -> list[Assessment]:
+        """The running kernels (all, or those of ``kernel_ids``) from one snapshot;
+        threads and tasks as last checked."""
         km = self.manager.kernel_manager
         snapshot = snapshot or self.snapshot()
         now = datetime.now(timezone.utc)
@@ -89,7 +92,8 @@ class IdleMonitor:
         for gone in (self._work_seen.keys() | self._kernel_work.keys()) - set(running):
             self._work_seen.pop(gone, None)
             self._kernel_work.pop(gone, None)
-        return [self._assess(k, km.get_kernel(k), snapshot, now) for k in running]
+        chosen = running if kernel_ids is None else [k for k in running if k in kernel_ids]
+        return [self._assess(k, km.get_kernel(k), snapshot, now) for k in chosen]
 
     def _assess(
         self, kernel_id: str, kernel: Any, snapshot: GpuSnapshot, now: datetime
@@ -174,13 +178,18 @@ class IdleMonitor:
         """Assess the running kernels (or those of ``kernel_ids``, each asked for its
         threads and tasks now unless it is busy): what the status API shows."""
         snapshot = await asyncio.to_thread(self.snapshot)
-        assessments = self.assess_all(snapshot)
+        assessments = self.assess_all(snapshot, kernel_ids)
         if kernel_ids is None:
             return assessments
-        chosen = [a for a in assessments if a.kernel_id in kernel_ids]
-        idle = [a for a in chosen if a.execution_state not in ("busy", "starting")]
-        await asyncio.gather(*(self._check_kernel(a) for a in idle))
-        return chosen
+        km = self.manager.kernel_manager
+        askable = [
+            a
+            for a in assessments
+            if a.execution_state not in ("busy", "starting")
+            and km.ckpt_states.get(a.kernel_id) != "suspending"
+        ]
+        await asyncio.gather(*(self._check_kernel(a) for a in askable))
+        return assessments
 
     async def tick(self) -> list[str]:
         """Suspend every due kernel; the ids suspended. Failures are logged and evented
