@@ -80,7 +80,8 @@ def _pool_job(frame: FrameType | None) -> str | None:
     job = None
     while frame is not None:
         module = _frame_module(frame)
-        if not _in(module, POOL_MODULES):
+        # ipykernel 6 wraps every thread's run (to route its output): machinery too
+        if not _in(module, POOL_MODULES) and not _in(module, KERNEL_PACKAGES):
             job = frame.f_code.co_name  # keep the outermost: the job itself
         elif module == "concurrent.futures.thread" and frame.f_code.co_name == "run":
             # a work item calling a builtin (time.sleep) has no frame of its own

@@ -258,3 +258,19 @@ async def test_a_kernel_behind_a_launcher_is_not_a_child_process(
     (status,) = await monitor.assess([kernel_id])
     assert status.background_work == ["1 child process: sleep 30"]
     await client.execute("p.kill(); p.wait()")
+
+
+async def test_idle_thread_pools_do_not_count_and_busy_ones_do(jp_fetch, connect, monitor):
+    kernel_id = await start_kernel(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute(
+        "import concurrent.futures, time\n"
+        "pool = concurrent.futures.ThreadPoolExecutor(3)\n"
+        "assert [pool.submit(int, '1').result() for _ in range(3)] == [1, 1, 1]\n"
+    )
+    (status,) = await monitor.assess([kernel_id])
+    assert status.background_work == []
+    await client.execute("job = pool.submit(time.sleep, 30)")
+    (status,) = await monitor.assess([kernel_id])
+    assert status.background_work == ["a pool thread is running `sleep`"]
+    await client.execute("pool.shutdown(wait=False, cancel_futures=True)")
