@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -37,7 +38,8 @@ def tree() -> Iterator[Tree]:
     (grandchild,) = child.children()
     yield Tree(kernel.pid, child.pid, grandchild.pid, stranger.pid)
     for process in (grandchild, child):
-        process.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # exits once its child is gone
+            process.kill()
     for popen in (kernel, stranger):
         popen.kill()
         popen.wait()
