@@ -102,6 +102,8 @@ async def kept_running_until_done(
     await poll(done, timeout=60, what="the work to end")
     assert seen, f"the status never said {reason!r}"
     await poll(lambda: km.is_suspended(kernel_id), timeout=30, what="the suspension")
+    # and let the suspend finish (shutdown, retention) before the server stops
+    await poll(lambda: kernel_id not in manager._suspending, what="the suspend to finish")
 
 
 @pytest.mark.parametrize("kind", list(WORK))
