@@ -1,17 +1,25 @@
 """Cost of one idle-monitor tick with many kernels (DESIGN section 8: under 1% of a core
-with 100 kernels at the default check_interval).
+with 100 kernels at the default check_interval), with and without the background-work
+checks.
 
-Kernels are stand-ins holding real processes (``sleep``), so the /proc scan sees a real
-process table; NVML is answered by a stand-in reporting GPU memory for half of them, as on
-a busy GPU node. Nothing here starts a server or a kernel: the tick is measured alone.
+Kernels are stand-ins holding real processes (``sh`` with a ``sleep`` child for half of
+them, a bare ``sleep`` for the rest), so the process-table pass sees a real process table
+and real children; NVML is answered by a stand-in reporting GPU memory and utilization for
+half of them, as on a busy GPU node. The tick is measured alone, on the stand-ins.
 
-    python benchmarks/bench_monitor.py --kernels 100 --ticks 50
+The kernel-side check (threads and tasks) is a silent call into a real kernel; the monitor
+makes it only for kernels due within a tick or that had work at their last check. It is
+measured on ``--real`` real ipykernel kernels and scaled to every kernel of the run: the
+worst case, every kernel due at once.
+
+    python benchmarks/bench_monitor.py --kernels 100 --ticks 50 --real 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import subprocess
 import tempfile
 import time
@@ -21,20 +29,28 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
+from jupyter_ckpt_server import work
 from jupyter_ckpt_server.kernelmanager import CkptKernelManager
 from jupyter_ckpt_server.manager import CkptManager
 from jupyter_ckpt_server.monitor import IdleMonitor
-from jupyter_ckpt_server.policy import SuspendPolicy
+from jupyter_ckpt_server.policy import BACKGROUND_KINDS, SuspendPolicy
 
 from jupyter_ckpt.gpu import GpuProbe
 from jupyter_ckpt.store import ImageStore
 
 
 class StandInNvml:
-    """One GPU; every pid in ``holders`` holds 1 GiB."""
+    """One GPU; every pid in ``holders`` holds 1 GiB and keeps it 50% busy."""
 
     def __init__(self, holders: list[int]) -> None:
         self.procs = [SimpleNamespace(pid=p, usedGpuMemory=1 << 30) for p in holders]
+        self.samples = [
+            SimpleNamespace(pid=p, timeStamp=time.time_ns() // 1000, smUtil=50) for p in holders
+        ]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, since: int) -> list[Any]:
+        return self.samples
 
     def nvmlInit(self) -> None: ...
 
@@ -61,42 +77,89 @@ def stand_in_kernel(pid: int) -> Any:
     )
 
 
-async def measure(kernels: int, ticks: int, store_dir: Path) -> float:
-    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(kernels)]
+def start_stand_ins(kernels: int) -> list[subprocess.Popen[bytes]]:
+    """Half with a child process (as a kernel running a subprocess), half without."""
+    return [
+        subprocess.Popen(["sh", "-c", "sleep 600 & wait"] if i % 2 else ["sleep", "600"])
+        for i in range(kernels)
+    ]
+
+
+async def measure(kernels: int, ticks: int, store_dir: Path, kinds: list[str]) -> float:
+    """CPU seconds per tick with ``background_work=kinds``."""
+    processes = start_stand_ins(kernels)
     try:
         km = CkptKernelManager(root_dir=str(store_dir))
-        for process in sleepers:
+        for process in processes:
             km._kernels[str(uuid.uuid4())] = stand_in_kernel(process.pid)
         store = ImageStore(url=str(store_dir / "store"), secret_file=str(store_dir / "s"))
         manager = CkptManager(
-            policy=SuspendPolicy(),  # idle_timeout 1800: nothing is due, pure monitoring cost
+            # idle_timeout 1800: nothing is due, pure monitoring cost
+            policy=SuspendPolicy(background_work=kinds),
             store=store,
             kernel_manager=km,
-            probe=GpuProbe(StandInNvml([p.pid for p in sleepers[::2]])),
+            probe=GpuProbe(StandInNvml([p.pid for p in processes[::2]])),
         )
         monitor = IdleMonitor(manager)
-        await monitor.tick()  # warm up (imports, first /proc scan)
+        await monitor.tick()  # warm up (imports, first process-table pass)
         cpu = time.process_time()
         for _ in range(ticks):
             assert await monitor.tick() == []
         return (time.process_time() - cpu) / ticks
     finally:
-        for process in sleepers:
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(process.pid).children():
+                    child.kill()
             process.kill()
             process.wait()
+
+
+async def kernel_side_cost(real: int, calls: int, store_dir: Path) -> tuple[float, float]:
+    """(server CPU seconds, wall seconds) of one kernel-side check, on real kernels."""
+    km = CkptKernelManager(root_dir=str(store_dir))
+    store = ImageStore(url=str(store_dir / "store"), secret_file=str(store_dir / "s"))
+    manager = CkptManager(policy=SuspendPolicy(), store=store, kernel_manager=km)
+    ids = [await km.start_kernel(kernel_name="python3") for _ in range(real)]
+    try:
+        for kernel_id in ids:
+            await manager._wait_ready(kernel_id)
+            assert await work.kernel_side(manager, kernel_id, manager.policy) == []
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(calls):
+            await asyncio.gather(*(work.kernel_side(manager, k, manager.policy) for k in ids))
+        n = calls * real
+        return (time.process_time() - cpu) / n, (time.perf_counter() - wall) / calls
+    finally:
+        await km.shutdown_all(now=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", type=int, default=100)
     parser.add_argument("--ticks", type=int, default=50)
+    parser.add_argument("--real", type=int, default=3, help="real kernels for the call cost")
+    parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
     interval = SuspendPolicy().check_interval
     with tempfile.TemporaryDirectory() as tmp:
-        per_tick = asyncio.run(measure(args.kernels, args.ticks, Path(tmp)))
-    print(f"kernels            {args.kernels}")
-    print(f"CPU per tick       {per_tick * 1000:.2f} ms")
-    print(f"share of one core  {100 * per_tick / interval:.3f} % at check_interval={interval:g} s")
+        before = asyncio.run(measure(args.kernels, args.ticks, Path(tmp), []))
+        after = asyncio.run(measure(args.kernels, args.ticks, Path(tmp), list(BACKGROUND_KINDS)))
+        call_cpu, call_wall = asyncio.run(kernel_side_cost(args.real, args.calls, Path(tmp)))
+    worst = after + args.kernels * call_cpu
+
+    def share(seconds: float) -> str:
+        return f"{100 * seconds / interval:.3f} % of a core"
+
+    print(f"kernels                                 {args.kernels}")
+    print(f"tick, checks off (background_work=[]) {before * 1000:8.2f} ms CPU  {share(before)}")
+    print(f"tick, children+gpu (nothing due)        {after * 1000:8.2f} ms CPU  {share(after)}")
+    print(f"kernel-side check, per kernel           {call_cpu * 1000:8.2f} ms CPU (server)")
+    print(f"kernel-side check, {args.real} at once, wall       {call_wall * 1000:8.2f} ms")
+    print(f"tick, every kernel due (worst case)     {worst * 1000:8.2f} ms CPU  {share(worst)}")
+    print(f"ratio nothing due / checks off          {after / before:8.2f}")
+    print(f"ratio worst case / checks off           {worst / before:8.2f}")
+    print(f"check_interval                          {interval:g} s")
 
 
 if __name__ == "__main__":

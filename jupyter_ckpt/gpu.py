@@ -1,14 +1,17 @@
-"""What GPUs a node has and how much GPU memory a kernel holds (NVML via ``pynvml``).
+"""What GPUs a node has, and how much GPU memory a kernel holds and how busy it keeps
+them (NVML via ``pynvml``).
 
 The probe never raises on a node without NVIDIA hardware: NVML failing to load or
 initialize is logged once and every question then answers "no GPU". All NVML access goes
 through one module-like object (``pynvml`` by default), the single seam a test replaces
 when the machine has no GPU; ``benchmarks/gpu_suspend.py`` runs the real one.
 
-Memory is attributed to a kernel by its whole process tree (kernels that fork workers or
-launch subprocesses still count). Inside containers NVML often reports host PIDs, which
-match nothing in our PID namespace; then the probe falls back to ``/proc/<pid>/fd`` links
-to ``/dev/nvidia*``, which says *whether* the tree holds a GPU but not how much.
+Memory and utilization are attributed to a kernel by its whole process tree, from psutil
+(kernels that fork workers or launch subprocesses still count). Inside containers NVML
+often reports host PIDs, which match nothing in our PID namespace; then the probe falls
+back to the tree's open ``/dev/nvidia<N>`` devices, which says *whether* the tree holds a
+GPU but not how much. (psutil's ``open_files`` lists regular files only, so the device
+links are read from ``/proc/<pid>/fd`` for that one question.)
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,8 @@ class GpuUsage:
 
     by_device: dict[int, int] = field(default_factory=dict)
     source: str = "none"
+    # device index -> SM utilization (%) the tree caused since the last snapshot
+    busy: dict[int, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -55,15 +63,20 @@ class GpuUsage:
             "by_device": {str(k): v for k, v in self.by_device.items()},
             "source": self.source,
             "holds_gpu": self.holds_gpu,
+            "busy": {str(k): v for k, v in self.busy.items()},
         }
 
 
 @dataclass
 class GpuSnapshot:
-    """GPU memory per pid (NVML) and the process tree, taken once."""
+    """GPU memory and utilization per pid (NVML) and the process tree, taken once."""
 
     by_pid: dict[int, dict[int, int]]
     children: dict[int, list[int]]
+    # pid -> {device: SM %} from per-process samples since the previous snapshot
+    util_by_pid: dict[int, dict[int, int]] = field(default_factory=dict)
+    # device -> SM % of the whole device, where per-process samples are not available
+    device_util: dict[int, int] = field(default_factory=dict)
 
 
 def _text(value: Any) -> str:
@@ -158,24 +171,47 @@ class GpuProbe:
             log.warning("NVML process query failed: %s", exc)
         return usage
 
-    def children(self) -> dict[int, list[int]]:
-        """parent pid -> child pids, from one scan of /proc (empty where there is none)."""
-        children: dict[int, list[int]] = {}
+    def utilization(self, window: float = 5) -> tuple[dict[int, dict[int, int]], dict[int, int]]:
+        """(pid -> {device: SM %}, device -> SM %): the highest per-process sample of the
+        last ``window`` seconds where the driver keeps them, else the device's own figure.
+        A window, not "since the last call", so that any caller may ask."""
+        if not self.available:
+            return {}, {}
+        nvml = self._nvml
+        by_pid: dict[int, dict[int, int]] = {}
+        by_device: dict[int, int] = {}
         try:
-            entries = os.listdir(self.proc_root)
-        except OSError:
-            return children
-        for entry in entries:
-            if not entry.isdigit():
-                continue
+            handles = self._handles()
+        except Exception as exc:
+            log.warning("NVML device query failed: %s", exc)
+            return {}, {}
+        for index, handle in enumerate(handles):
+            since = time.time_ns() // 1000 - int(window * 1e6)  # NVML stamps: epoch us
             try:
-                with open(f"{self.proc_root}/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:
+                samples = nvml.nvmlDeviceGetProcessUtilization(handle, since)
+            except Exception as exc:
+                # NOT_FOUND (or SUCCESS with no room needed): no sample since, nothing ran
+                if getattr(exc, "value", None) in (0, getattr(nvml, "NVML_ERROR_NOT_FOUND", 6)):
+                    continue
+                try:  # not supported (MIG, old driver): the device as a whole
+                    by_device[index] = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                except Exception as exc2:
+                    log.debug("NVML utilization of GPU %d unavailable: %s", index, exc2)
                 continue
-            # the command name may hold spaces and parentheses: split after the last ')'
-            ppid = int(stat.rpartition(")")[2].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
+            for sample in samples:
+                per = by_pid.setdefault(int(sample.pid), {})
+                per[index] = max(per.get(index, 0), int(sample.smUtil))
+        return by_pid, by_device
+
+    def children(self) -> dict[int, list[int]]:
+        """parent pid -> child pids, from one pass over the process table."""
+        children: dict[int, list[int]] = {}
+        for process in psutil.process_iter():
+            try:
+                ppid = process.ppid()
+            except psutil.Error:  # gone meanwhile
+                continue
+            children.setdefault(ppid, []).append(process.pid)
         return children
 
     def process_tree(self, pid: int, children: dict[int, list[int]] | None = None) -> set[int]:
@@ -190,9 +226,11 @@ class GpuProbe:
                 todo.extend(children.get(current, []))
         return tree
 
-    def snapshot(self) -> GpuSnapshot:
-        """One NVML query and one /proc scan, shared by every kernel of a monitor tick."""
-        return GpuSnapshot(self.memory_by_pid(), self.children())
+    def snapshot(self, window: float = 5) -> GpuSnapshot:
+        """One NVML pass and one process-table pass, shared by every kernel of a tick;
+        GPU utilization over the last ``window`` seconds."""
+        util_by_pid, device_util = self.utilization(window)
+        return GpuSnapshot(self.memory_by_pid(), self.children(), util_by_pid, device_util)
 
     def _opens_nvidia_device(self, pid: int) -> bool:
         fd_dir = f"{self.proc_root}/{pid}/fd"
@@ -226,7 +264,21 @@ class GpuProbe:
             for member in seen:
                 for index, used in by_pid[member].items():
                     by_device[index] = by_device.get(index, 0) + used
-            return GpuUsage(by_device, "nvml")
+            return GpuUsage(by_device, "nvml", _busy(tree, by_device, snapshot))
         if any(self._opens_nvidia_device(member) for member in tree):
             return GpuUsage({}, "proc-fd")
         return GpuUsage()
+
+
+def _busy(tree: set[int], devices: dict[int, int], snapshot: GpuSnapshot) -> dict[int, int]:
+    """SM % per device caused by ``tree``: its processes' samples, or the device's own
+    figure where the tree is the only process NVML lists on that device."""
+    busy: dict[int, int] = {}
+    for member in tree & snapshot.util_by_pid.keys():
+        for index, percent in snapshot.util_by_pid[member].items():
+            busy[index] = max(busy.get(index, 0), percent)
+    for index, percent in snapshot.device_util.items():
+        users = {p for p, per in snapshot.by_pid.items() if index in per}
+        if index in devices and index not in busy and users <= tree:
+            busy[index] = percent
+    return busy

@@ -1,7 +1,7 @@
 """The kernel side: what `%ckpt` and the server run inside a kernel.
 
-The server calls :func:`checkpoint` and :func:`restore` through a silent execute and reads
-their JSON-able results; it never unpickles user objects itself.
+The server calls :func:`checkpoint`, :func:`restore` and :func:`background_work` through a
+silent execute and reads their JSON-able results; it never unpickles user objects itself.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from .. import image
 from ..errors import CkptError
 from ..store import ImageStore, check_ref
+from .activity import background_work as background_work
 from .state import apply_kernel_facts, kernel_facts, kernel_id, user_variables
 
 

@@ -6,7 +6,7 @@ import { IDocumentManager } from '@jupyterlab/docmanager';
 
 import { showDetails } from './details';
 import { formatBytes } from './format';
-import { KernelStatusModel } from './kernelstatus';
+import { confirmSuspend, KernelStatusModel } from './kernelstatus';
 import { IRowActions } from './panel';
 import { ISessionRow, SavedSessionsModel } from './sessions';
 import { ICkptApi, IResumeReply, IWriteReply } from './types';
@@ -36,7 +36,14 @@ export class CkptActions implements IRowActions {
     await this._write('Checkpoint', () => this._api.checkpoint(kernelId));
   }
 
+  /** Suspend now; if the kernel still works in the background, only once the user has
+   * confirmed that this work may be stopped. */
   async suspend(kernelId: string): Promise<void> {
+    if (
+      !(await confirmSuspend(this._api, kernelId, w => this._confirmStop(w)))
+    ) {
+      return;
+    }
     await this._write('Suspend', () => this._api.suspend(kernelId));
   }
 
@@ -168,6 +175,18 @@ export class CkptActions implements IRowActions {
         kernelPreference: { id: kernelId }
       });
     }
+  }
+
+  private async _confirmStop(warning: string): Promise<boolean> {
+    const result = await showDialog({
+      title: 'Stop background work?',
+      body: warning,
+      buttons: [
+        Dialog.cancelButton(),
+        Dialog.warnButton({ label: 'Suspend anyway' })
+      ]
+    });
+    return result.button.accept;
   }
 
   private async _confirmReplace(notebook: string): Promise<boolean> {

@@ -55,8 +55,10 @@ export class CkptApi implements ICkptApi {
     });
   }
 
-  status(): Promise<IStatusReply> {
-    return this._request('status');
+  status(kernelId?: string): Promise<IStatusReply> {
+    return this._request(
+      kernelId ? `status?kernel_id=${encodeURIComponent(kernelId)}` : 'status'
+    );
   }
 
   /** The JSON answer; a 4xx/5xx rejects with the server's message (why a delete was

@@ -174,3 +174,42 @@ export function eventNotice(event: ICkptEvent): string | null {
   }
   return null;
 }
+
+/**
+ * What suspending the kernel now would stop, or null when it has no background work (a
+ * kernel the server does not list has none the user could lose).
+ */
+export function suspendWarning(
+  status: IKernelStatus | undefined
+): string | null {
+  const work = status?.background_work ?? [];
+  if (work.length === 0) {
+    return null;
+  }
+  return `The kernel is still working in the background: ${work.join('; ')}. Suspending it now saves its variables but stops this work.`;
+}
+
+/**
+ * Whether an explicit suspend may go ahead: the server checks the kernel's background
+ * work now, and the user is asked (`ask`) when there is some. A status that cannot be
+ * fetched does not stop the suspend: its own reply reports any failure.
+ */
+export async function confirmSuspend(
+  api: Pick<ICkptApi, 'status'>,
+  kernelId: string,
+  ask: (warning: string) => Promise<boolean>
+): Promise<boolean> {
+  let warning: string | null = null;
+  try {
+    const reply = await api.status(kernelId);
+    warning = suspendWarning(reply.kernels.find(k => k.kernel_id === kernelId));
+  } catch {
+    return true;
+  }
+  return warning === null || ask(warning);
+}
+
+/** Background work ends without any kernel message: poll the status while there is some. */
+export function endsWithoutMessage(status: IKernelStatus | undefined): boolean {
+  return (status?.background_work ?? []).length > 0;
+}

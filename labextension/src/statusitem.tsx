@@ -6,7 +6,10 @@ import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 import * as React from 'react';
 
-import { KernelStatusModel } from './kernelstatus';
+import { endsWithoutMessage, KernelStatusModel } from './kernelstatus';
+
+/** Seconds between status fetches while the kernel works in the background. */
+const BACKGROUND_POLL = 5;
 
 export class KernelStatusItem extends ReactWidget {
   constructor(
@@ -17,10 +20,7 @@ export class KernelStatusItem extends ReactWidget {
     this.addClass('jp-CkptStatus');
     _model.changed.connect(this.update, this);
     // the countdown and the restore timer move without asking the server
-    this._timer = window.setInterval(
-      () => this.isVisible && this.update(),
-      1000
-    );
+    this._timer = window.setInterval(() => this._onTimer(), 1000);
   }
 
   /** Follow the kernel of this session (the current notebook's), or none. */
@@ -64,6 +64,22 @@ export class KernelStatusItem extends ReactWidget {
     );
   }
 
+  private _onTimer(): void {
+    if (!this.isVisible) {
+      return;
+    }
+    this.update();
+    // background work ends without a kernel message: ask the server again now and then
+    const id = this._kernel?.id;
+    if (
+      id &&
+      endsWithoutMessage(this._model.kernel(id)) &&
+      ++this._ticks % BACKGROUND_POLL === 0
+    ) {
+      void this._model.refresh().catch(() => undefined);
+    }
+  }
+
   private _onKernelChanged(
     _: ISessionContext,
     change: { newValue: Kernel.IKernelConnection | null }
@@ -105,5 +121,6 @@ export class KernelStatusItem extends ReactWidget {
   private _session: ISessionContext | null = null;
   private _kernel: Kernel.IKernelConnection | null = null;
   private _timer: number;
+  private _ticks = 0;
   private _activeStateChanged = new Signal<this, void>(this);
 }

@@ -57,6 +57,9 @@ export interface IKernelStatus {
   idle_timeout?: number;
   seconds_until_suspend?: number | null;
   blocked_by?: string[];
+  /** The background work among `blocked_by` (threads, tasks, child processes, busy
+   * GPUs): what suspending the kernel now would stop. */
+  background_work?: string[];
   gpu?: { bytes?: number; holds_gpu?: boolean };
   last_failure?: { action: string; reason: string; at: string } | null;
   /** Suspended kernels: their image, when they were suspended and the GPU memory freed. */
@@ -107,5 +110,6 @@ export interface ICkptApi {
   ): Promise<IResumeReply>;
   checkpoint(kernelId: string): Promise<IWriteReply>;
   suspend(kernelId: string): Promise<IWriteReply>;
-  status(): Promise<IStatusReply>;
+  /** Every kernel; with `kernelId`, that kernel alone, its background work checked now. */
+  status(kernelId?: string): Promise<IStatusReply>;
 }

@@ -1,9 +1,12 @@
 import { describe, expect, it } from 'vitest';
 
 import {
+  confirmSuspend,
   describeKernel,
+  endsWithoutMessage,
   eventNotice,
-  KernelStatusModel
+  KernelStatusModel,
+  suspendWarning
 } from '../src/kernelstatus';
 import { EVENT_SCHEMA, IKernelStatus } from '../src/types';
 
@@ -162,5 +165,70 @@ describe('eventNotice', () => {
     expect(
       eventNotice({ ...event, action: 'suspend', status: 'error' })
     ).toBeNull();
+  });
+});
+
+describe('explicit suspend of a kernel working in the background', () => {
+  const working = running({
+    blocked_by: ['a thread started by `_train` is running'],
+    background_work: ['a thread started by `_train` is running']
+  });
+
+  function api(kernels: IKernelStatus[], asked: string[]) {
+    return {
+      status: async (kernelId?: string) => {
+        asked.push(kernelId ?? '(all)');
+        return { kernels };
+      }
+    };
+  }
+
+  it('names the work it would stop, and shows it in the status bar', () => {
+    expect(suspendWarning(working)).toBe(
+      'The kernel is still working in the background: a thread started by `_train` is running. Suspending it now saves its variables but stops this work.'
+    );
+    expect(describeKernel(working, T0, T0).text).toBe(
+      'GPU 12.3 GB · not suspended: a thread started by `_train` is running'
+    );
+    expect(suspendWarning(running())).toBeNull();
+    expect(suspendWarning(undefined)).toBeNull();
+  });
+
+  it('asks the server about this kernel, then the user, and obeys the answer', async () => {
+    const asked: string[] = [];
+    const warnings: string[] = [];
+    const ask = (answer: boolean) => async (w: string) => {
+      warnings.push(w);
+      return answer;
+    };
+    expect(await confirmSuspend(api([working], asked), 'k1', ask(false))).toBe(
+      false
+    );
+    expect(await confirmSuspend(api([working], asked), 'k1', ask(true))).toBe(
+      true
+    );
+    expect(asked).toEqual(['k1', 'k1']);
+    expect(warnings).toEqual([
+      suspendWarning(working),
+      suspendWarning(working)
+    ]);
+  });
+
+  it('does not ask when there is no background work or no answer', async () => {
+    const never = async () => {
+      throw new Error('asked');
+    };
+    expect(await confirmSuspend(api([running()], []), 'k1', never)).toBe(true);
+    const failing = {
+      status: async () => {
+        throw new Error('offline');
+      }
+    };
+    expect(await confirmSuspend(failing, 'k1', never)).toBe(true);
+  });
+
+  it('keeps polling only while background work may end unannounced', () => {
+    expect(endsWithoutMessage(working)).toBe(true);
+    expect(endsWithoutMessage(running())).toBe(false);
   });
 });

@@ -158,7 +158,11 @@ class StatusHandler(_Polled):
     @authorized
     @_http_errors
     async def get(self) -> None:
-        self.reply(await self.service.status())
+        # ?kernel_id=X: that kernel alone, its threads and tasks checked now
+        kernel_id = self.get_argument("kernel_id", None)
+        if kernel_id is not None:
+            self.check_kernel(kernel_id)
+        self.reply(await self.service.status(kernel_id))
 
 
 default_handlers = [

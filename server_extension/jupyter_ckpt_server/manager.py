@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
 from typing import Any
@@ -79,6 +80,8 @@ class CkptManager(LoggingConfigurable):
         self.failures: dict[str, dict[str, Any]] = {}
         self._suspending: dict[str, asyncio.Task[dict[str, Any]]] = {}
         self._interrupted: set[str] = set()
+        # kernel id -> messages clients sent it (tells a check's own traffic from a user's)
+        self.client_messages: Counter[str] = Counter()
         self._restores: dict[str, asyncio.Task[dict[str, Any]]] = {}
         self.restore_count = 0
         self.kernel_manager.on_discard = self.discard
@@ -174,6 +177,7 @@ class CkptManager(LoggingConfigurable):
 
     def note_client_message(self, kernel_id: str) -> None:
         """A client sent the kernel a message: a suspend in progress must not shut it down."""
+        self.client_messages[kernel_id] += 1
         if kernel_id in self._suspending:
             self._interrupted.add(kernel_id)
 

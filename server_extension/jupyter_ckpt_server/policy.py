@@ -16,6 +16,9 @@ from traitlets.config import Configurable
 
 log = logging.getLogger(__name__)
 
+# What background_work may list, in the order the monitor checks them.
+BACKGROUND_KINDS = ("threads", "tasks", "children", "gpu")
+
 # Kernelspec metadata key: {"metadata": {"jupyter_ckpt": {"idle_timeout": 600}}}
 SPEC_METADATA_KEY = "jupyter_ckpt"
 
@@ -92,11 +95,40 @@ class SuspendPolicy(Configurable):
         Unicode(), help="Kernel spec names that are never suspended (e.g. ['ir'])."
     ).tag(config=True)
 
+    background_work = List(
+        Enum(BACKGROUND_KINDS),
+        list(BACKGROUND_KINDS),
+        help="""What counts as work in a kernel no cell is running, and keeps it from being
+        suspended: "threads" (live threads the user's code started), "tasks" (pending
+        asyncio tasks on the kernel's loop), "children" (child processes of the kernel),
+        "gpu" (the kernel's processes keep a GPU busy). The idle clock restarts when such
+        work ends. [] suspends on execution idleness alone.""",
+    ).tag(config=True)
+
+    background_thread_ignore = List(
+        Unicode(),
+        help="""Name patterns (fnmatch, e.g. "prefetch-*") of threads that are helpers, not
+        work: matched against the thread's name and the function it runs.""",
+    ).tag(config=True)
+
+    gpu_busy_percent = Int(
+        5,
+        min=0,
+        max=100,
+        help="With background_work including gpu: SM utilization (%) that counts as busy.",
+    ).tag(config=True)
+
+    activity_timeout = Float(
+        2,
+        help="""Seconds the kernel may take to answer the background-work check (capped at
+        check_interval). A kernel that does not answer counts as busy.""",
+    ).tag(config=True)
+
     @validate("idle_timeout", "min_gpu_memory_mb")
     def _non_negative(self, proposal: Any) -> Any:
         return _at_least(proposal, 0)
 
-    @validate("check_interval", "shutdown_timeout", "checkpoint_timeout")
+    @validate("check_interval", "shutdown_timeout", "checkpoint_timeout", "activity_timeout")
     def _positive(self, proposal: Any) -> Any:
         return _at_least(proposal, 0, strict=True)
 

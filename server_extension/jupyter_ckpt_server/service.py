@@ -149,11 +149,13 @@ class CkptService:
                 suspended.append(kernel_id)
         return {"suspended": suspended, "failed": failed}
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self, kernel_id: str | None = None) -> dict[str, Any]:
+        """Policy, node and every kernel; with ``kernel_id``, that kernel only, with its
+        background work checked now (what "Suspend Kernel Now" would stop)."""
         manager = self.manager
         km = manager.kernel_manager
         kernels = []
-        for assessment in await asyncio.to_thread(self.monitor.assess_all):
+        for assessment in await self.monitor.assess([kernel_id] if kernel_id else None):
             kernels.append(
                 {
                     **assessment.to_json(),
@@ -164,6 +166,7 @@ class CkptService:
         kernels.extend(
             {"kernel_id": k, "kernel_name": record["kernel_name"], **km.ckpt_field(k)}
             for k, record in list(km.suspended.items())
+            if kernel_id in (None, k)
         )
         return {
             "policy": manager.policy.to_json(),

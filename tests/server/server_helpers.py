@@ -131,9 +131,26 @@ class FunctionNotFound(Exception):
     """What pynvml raises for an entry point the driver lacks."""
 
 
+class NvmlError(Exception):
+    """What pynvml raises; ``value`` is NVML's return code."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
 class FakeNvml:
     """Two GPUs; ``processes`` maps device index -> [(pid, bytes)]. Like drivers before
-    470, it has no ``_v3`` process calls unless ``v3`` is set."""
+    470, it has no ``_v3`` process calls unless ``v3`` is set.
+
+    GPU utilization: ``utilization`` maps a device to its per-process samples
+    [(pid, SM %)] (a device without any answers NOT_FOUND, "no sample"); a device in
+    ``device_utilization`` has no per-process samples (NOT_SUPPORTED, as under MIG) and
+    reports its whole SM %.
+    """
+
+    NVML_ERROR_NOT_FOUND = 6
+    NVML_ERROR_NOT_SUPPORTED = 3
 
     NVMLError_FunctionNotFound = FunctionNotFound
 
@@ -144,6 +161,8 @@ class FakeNvml:
         live: bool = False,
     ) -> None:
         self.processes = processes
+        self.utilization: dict[int, list[tuple[int, int]]] = {}
+        self.device_utilization: dict[int, int] = {}
         self.live = live  # report a pid only while its process exists, as the driver does
         self.init_calls = 0
         if not v3:
@@ -189,3 +208,15 @@ class FakeNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: int) -> list[Any]:
         return []
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, since: int) -> list[Any]:
+        if handle in self.device_utilization:
+            raise NvmlError(self.NVML_ERROR_NOT_SUPPORTED)
+        samples = self.utilization.get(handle)
+        if not samples:
+            raise NvmlError(self.NVML_ERROR_NOT_FOUND)
+        stamp = time.time_ns() // 1000
+        return [SimpleNamespace(pid=p, timeStamp=stamp, smUtil=u) for p, u in samples]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
+        return SimpleNamespace(gpu=self.device_utilization.get(handle, 0), memory=0)

@@ -102,7 +102,17 @@ async def test_a_kernel_without_jupyter_ckpt_keeps_running(
     kernel_id = await start_kernel(no_ckpt_kernel)
     await idle_for_a_moment(manager, kernel_id)
     assert await monitor.tick() == []
-    reason = (await status_of(jp_fetch, kernel_id))["last_failure"]["reason"]
+    (blocker,) = (await status_of(jp_fetch, kernel_id))["blocked_by"]
+    assert blocker.startswith("the activity check failed") and "lacks jupyter_ckpt" in blocker
+
+    # asked nothing, the kernel is suspended, and the failed save says why it stays
+    manager.policy.background_work = ["children"]
+
+    async def suspend_tried() -> Any:
+        assert await monitor.tick() == []
+        return (await status_of(jp_fetch, kernel_id))["last_failure"]
+
+    reason = (await poll(suspend_tried, what="a suspend attempt"))["reason"]
     assert "lacks jupyter_ckpt" in reason
     assert events[-1]["status"] == "error" and "lacks jupyter_ckpt" in events[-1]["msg"]
 

@@ -23,6 +23,10 @@ def test_defaults_are_the_designed_ones():
         "shutdown_timeout": 120,
         "checkpoint_timeout": 600,
         "exclude_kernel_names": [],
+        "background_work": ["threads", "tasks", "children", "gpu"],
+        "background_thread_ignore": [],
+        "gpu_busy_percent": 5,
+        "activity_timeout": 2,
     }
 
 
@@ -48,6 +52,9 @@ def test_config_file_and_command_line():
         ("min_gpu_memory_mb", -1, "min_gpu_memory_mb must be at least 0"),
         ("on_unsaveable", "drop", "on_unsaveable"),
         ("restore_on", "later", "restore_on"),
+        ("background_work", ["threads", "disk"], "background_work"),
+        ("gpu_busy_percent", 150, "gpu_busy_percent"),
+        ("activity_timeout", 0, "activity_timeout must be greater than 0"),
     ],
 )
 def test_bad_values_are_refused_with_the_trait_name(trait, value, message):
