@@ -23,9 +23,11 @@ from jupyter_ckpt.store import CHUNK_SIZE, ImageStore
 MiB = 1 << 20
 BUFFER = 64 * MiB
 TENSORS = 8  # device state: TENSORS x BUFFER
-# What a save holds besides its copy buffer: a chunk per I/O thread and the interpreter's
-# own churn (pickles, the manifest, thread stacks).
-SLACK = 8 * CHUNK_SIZE + 24 * MiB
+# What a save holds besides its copy buffer: the private copy of a chunk per I/O thread,
+# counted twice since the allocator keeps freed ones per thread, and the interpreter's own
+# churn (pickles, the manifest, thread stacks). Without the buffer, a save of this state
+# takes over 512 MiB.
+SLACK = 2 * ImageStore.io_threads.default_value * CHUNK_SIZE + 24 * MiB
 
 SETUP = f"""
 import fake_devices, torch
