@@ -7,15 +7,11 @@ its own store and a signing secret that lives outside the store, as in productio
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from harness import BUCKET, CREDENTIALS, Kernel, Paths, wait_for
+from harness import BUCKET, CREDENTIALS, Kernel, MotoServer, Paths
 
 from jupyter_ckpt.store import ImageStore
 
@@ -46,7 +42,7 @@ def start_kernel(ckpt_paths: Paths) -> Iterator[Callable[..., Kernel]]:
 @pytest.fixture(scope="module")
 def kernel_store(ckpt_paths: Paths) -> ImageStore:
     """The store of the module's kernels, opened in the test process."""
-    return ImageStore(url=str(ckpt_paths.store), secret_file=str(ckpt_paths.secret))
+    return ckpt_paths.open_store()
 
 
 @pytest.fixture
@@ -55,39 +51,24 @@ def store(tmp_path: Path) -> ImageStore:
     return ImageStore(url=str(tmp_path / "store"), secret_file=str(tmp_path / "keys" / "secret"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoServer]:
+    """moto's S3 server on loopback (bucket ``BUCKET``), one per test module."""
+    server = MotoServer()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    """moto's S3 server on a free loopback port, with one bucket (``BUCKET``)."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+def endpoint(moto: MotoServer) -> str:
+    return moto.url
+
+
+@pytest.fixture
+def s3_store(endpoint: str, tmp_path: Path) -> ImageStore:
+    """A private store on the S3 server for one in-process test."""
+    return ImageStore(
+        url=f"s3://{BUCKET}/{tmp_path.name}",
+        secret_file=str(tmp_path / "secret"),
+        storage_options={"endpoint_url": endpoint, **CREDENTIALS},
     )
-
-    def answers() -> bool:
-        assert server.poll() is None, f"moto server exited with {server.returncode}"
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-        except OSError:
-            return False
-        return True
-
-    try:
-        wait_for(answers, 60, "the S3 server to answer")
-    except AssertionError:
-        server.kill()
-        raise
-    import s3fs
-
-    s3fs.S3FileSystem(endpoint_url=url, **CREDENTIALS).mkdir(BUCKET)
-    yield url
-    server.terminate()
-    server.wait(timeout=30)

@@ -3,10 +3,16 @@ and in-process saves and loads on a store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import socket
+import subprocess
+import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +49,10 @@ class Paths:
     def secret(self) -> Path:
         return self.root / "keys" / "secret"
 
+    def open_store(self) -> ImageStore:
+        """The kernels' store, opened in the test process."""
+        return ImageStore(url=str(self.store), secret_file=str(self.secret))
+
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
@@ -54,6 +64,142 @@ class Paths:
                 p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p
             ),
         }
+
+
+class S3Paths(Paths):
+    """Kernels whose store is on S3, configured through the environment only; ``options``
+    go to fsspec too (timeouts, retries)."""
+
+    def __init__(self, root: Path, endpoint: str, options: dict[str, Any] | None = None) -> None:
+        super().__init__(root)
+        self.endpoint = endpoint
+        self.options = options or {}
+
+    @property
+    def url(self) -> str:
+        return f"s3://{BUCKET}/{self.root.name}"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **super().env(),
+            "JUPYTER_CKPT_STORE": self.url,
+            "FSSPEC_S3": json.dumps({"endpoint_url": self.endpoint, **CREDENTIALS, **self.options}),
+        }
+
+    def open_store(self) -> ImageStore:
+        """The kernels' store, opened in the test process."""
+        return ImageStore(
+            url=self.url,
+            secret_file=str(self.secret),
+            # listings as they are now: the tests watch the store change
+            storage_options={
+                "endpoint_url": self.endpoint,
+                **CREDENTIALS,
+                "use_listings_cache": False,
+            },
+        )
+
+
+class MotoServer:
+    """moto's S3 server on a free loopback port, with one bucket."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for(self._answers, 60, "the S3 server to answer")
+        except AssertionError:
+            self.process.kill()
+            raise
+        import s3fs
+
+        s3fs.S3FileSystem(endpoint_url=self.url, **CREDENTIALS).mkdir(BUCKET)
+
+    def _answers(self) -> bool:
+        assert self.process.poll() is None, f"moto server exited with {self.process.returncode}"
+        try:
+            urllib.request.urlopen(self.url, timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+class Outage:
+    """A TCP forwarder in front of a server: ``stop`` resets every connection and closes
+    the port, as a crashed or stopped server would, and ``start`` opens it again on the
+    same port, with the server's data as it was."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.removeprefix("http://").split(":")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server: asyncio.Server | None = None
+        self.streams: set[asyncio.StreamWriter] = set()
+        self.start()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def start(self) -> None:
+        async def listen() -> None:
+            self.server = await asyncio.start_server(
+                self._forward, "127.0.0.1", self.port, reuse_address=True
+            )
+
+        self._call(listen())
+
+    def stop(self) -> None:
+        async def close() -> None:
+            if self.server is not None:
+                self.server.close()
+                self.server = None
+            for stream in self.streams:
+                stream.transport.abort()
+            self.streams.clear()
+
+        self._call(close())
+
+    def close(self) -> None:
+        self.stop()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = self.target
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            writer.transport.abort()
+            return
+        self.streams |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(1 << 16):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
 class Kernel:
@@ -103,6 +249,10 @@ class Kernel:
         """Assert that each expression is true in the kernel, naming the ones that are not."""
         failed = self.falsy(*conditions)
         assert not failed, f"false in the kernel: {failed}"
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid  # type: ignore[union-attr]
 
     def ckpt(self, line: str) -> str:
         return self.run(f"%ckpt {line}")

@@ -4,25 +4,15 @@ and kernels that find the store and its endpoint through the environment alone."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from harness import BUCKET, CREDENTIALS, Kernel, Paths, load_namespace, save_namespace
+from harness import Kernel, S3Paths, load_namespace, save_namespace
 
 from jupyter_ckpt.errors import IntegrityError
 from jupyter_ckpt.store import CHUNK_SIZE, ImageStore, chunk_hash, chunk_path
-
-
-@pytest.fixture
-def s3_store(endpoint: str, tmp_path: Path) -> ImageStore:
-    return ImageStore(
-        url=f"s3://{BUCKET}/{tmp_path.name}",
-        secret_file=str(tmp_path / "secret"),
-        storage_options={"endpoint_url": endpoint, **CREDENTIALS},
-    )
 
 
 def test_round_trip_dedupe_and_gc(s3_store: ImageStore) -> None:
@@ -56,23 +46,8 @@ def test_altered_chunk_is_refused(s3_store: ImageStore) -> None:
         s3_store.verify("tamper")
 
 
-class _S3Paths(Paths):
-    """Kernels whose store is on S3, configured through the environment only."""
-
-    def __init__(self, root: Path, endpoint: str) -> None:
-        super().__init__(root)
-        self.endpoint = endpoint
-
-    def env(self) -> dict[str, str]:
-        return {
-            **super().env(),
-            "JUPYTER_CKPT_STORE": f"s3://{BUCKET}/kernels",
-            "FSSPEC_S3": json.dumps({"endpoint_url": self.endpoint, **CREDENTIALS}),
-        }
-
-
 def test_kernels_save_and_restore_through_s3(endpoint: str, tmp_path: Path) -> None:
-    paths = _S3Paths(tmp_path, endpoint)
+    paths = S3Paths(tmp_path, endpoint)
     writer, reader = Kernel(paths), None
     try:
         writer.run("%load_ext jupyter_ckpt")

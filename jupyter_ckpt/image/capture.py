@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any
 
+from ..store import BUFFER_BYTES, CHUNK_SIZE
 from . import pickler as _pickler
 
 # Objects whose identity carries no meaning: sharing them must not join two variables.
@@ -51,7 +52,7 @@ class _Pickled:
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + sum(b.raw().nbytes for b in self.buffers)
+        return len(self.data) + sum(b.nbytes for b in self.buffers)
 
 
 def type_name(value: Any) -> str:
@@ -203,9 +204,12 @@ def capture(
     exclude: set[str] = frozenset(),  # type: ignore[assignment]
     kernel: dict[str, Any] | None = None,
     parent: str | None = None,
+    buffer_bytes: int = BUFFER_BYTES,
 ) -> dict[str, Any]:
     """Pickle ``variables`` (functions bound to ``namespace``) through ``writer``; return
-    the committed manifest."""
+    the committed manifest. Copies made for writing (device data to the host, packed
+    small buffers) take about ``buffer_bytes`` of host memory at most; a save that
+    fails leaves nothing in the store that gc would not remove."""
     records: dict[str, dict[str, Any]] = {}
     imports = []
     singles: list[_Pickled] = []
@@ -240,32 +244,14 @@ def capture(
         except Exception:  # pickles alone but not together: keep values, lose the sharing
             groups.extend(members)
 
-    pack = bytearray()
-    pack_refs: list[list[Any]] = []
-
-    def place(buffer: Any) -> list[Any]:
-        if buffer.nbytes > PACK_MAX:
-            return [writer.add_segment(buffer), 0, buffer.nbytes]
-        pack.extend(bytes(-len(pack) % PACK_ALIGN))
-        ref = [None, len(pack), buffer.nbytes]
-        pack.extend(buffer)
-        pack_refs.append(ref)
-        return ref
-
-    group_entries = []
+    try:
+        group_entries = _write_groups(groups, writer, part_bytes(buffer_bytes))
+    except BaseException:
+        writer.abandon()
+        raise
     modules: set[str] = {i["module"].partition(".")[0] for i in imports}
     for group in groups:
-        group_entries.append(
-            {
-                "names": group.names,
-                "pickle": place(memoryview(group.data)),
-                "buffers": [place(b.raw()) for b in group.buffers],
-            }
-        )
         modules |= group.modules
-    pack_index = writer.add_segment(pack)
-    for ref in pack_refs:
-        ref[0] = pack_index
 
     manifest = {
         "name": name,
@@ -288,6 +274,58 @@ def capture(
     if any(d.startswith("cuda") for d in manifest["devices"]):
         manifest["gpu"] = gpu_facts()
     return writer.commit(manifest)
+
+
+def part_bytes(buffer_bytes: int) -> int:
+    """The size of the pieces a buffer of ``buffer_bytes`` is written in: two are in
+    flight at a time (one copied while the other is written), each whole chunks."""
+    return max(CHUNK_SIZE, buffer_bytes // 2 // CHUNK_SIZE * CHUNK_SIZE)
+
+
+def _write_groups(groups: list[_Pickled], writer: Any, part: int) -> list[dict[str, Any]]:
+    """Hand every group's pickle and buffers to ``writer``; return the groups' entries.
+
+    Host memory stays bounded by about two ``part``s whatever the state's size: device
+    storages are copied to the host a part at a time as they are written, and the pack
+    of small buffers is written out whenever it reaches a part.
+    """
+    pack = bytearray()
+    pack_refs: list[list[Any]] = []
+    placed: dict[int, list[Any]] = {}  # device buffers reached from two groups go once
+
+    def flush() -> None:
+        nonlocal pack
+        index = writer.add_segment_parts([pack])
+        for ref in pack_refs:
+            ref[0] = index
+        pack, pack_refs[:] = bytearray(), []
+
+    def place(buffer: memoryview | _pickler.DeviceBuffer) -> list[Any]:
+        if isinstance(buffer, _pickler.DeviceBuffer):
+            if id(buffer) not in placed:
+                segment = writer.add_segment_parts(buffer.host_parts(part))
+                placed[id(buffer)] = [segment, 0, buffer.nbytes]
+            return placed[id(buffer)]
+        if buffer.nbytes > PACK_MAX:
+            return [writer.add_segment(buffer), 0, buffer.nbytes]
+        if len(pack) + buffer.nbytes > part:
+            flush()
+        pack.extend(bytes(-len(pack) % PACK_ALIGN))
+        ref = [None, len(pack), buffer.nbytes]
+        pack.extend(buffer)
+        pack_refs.append(ref)
+        return ref
+
+    entries = [
+        {
+            "names": group.names,
+            "pickle": place(memoryview(group.data)),
+            "buffers": [place(b) for b in group.buffers],
+        }
+        for group in groups
+    ]
+    flush()
+    return entries
 
 
 def gpu_facts() -> dict[str, Any]:

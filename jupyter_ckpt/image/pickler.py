@@ -21,7 +21,7 @@ import contextvars
 import io
 import pickle
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
@@ -85,23 +85,63 @@ def _rebuild_view(
     return view
 
 
+class DeviceBuffer:
+    """The bytes of one device storage, copied to the host only piece by piece as they
+    are written (:meth:`host_parts`), so a save never holds a whole GPU state in RAM."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+        self.nbytes = storage.nbytes()
+
+    def host_parts(self, size: int) -> Iterator[Any]:
+        """Host copies of consecutive pieces of at most ``size`` bytes; each piece is only
+        referenced here until the next one is asked for."""
+        import torch
+
+        u8 = torch.empty(0, dtype=torch.uint8, device=self.storage.device).set_(self.storage)
+        for start in range(0, self.nbytes, size):
+            part = devices.device_ops.to_host(u8[start : start + size])
+            yield part.numpy()
+            del part
+
+
+class _DeviceSlot(bytearray):
+    """An empty stand-in for a device storage's bytes: it takes the buffer's place in the
+    stream, and the pickler hands on its :class:`DeviceBuffer`. Writable, so the stream
+    marks no read-only buffer."""
+
+    source: DeviceBuffer
+
+
 class _StorageRef:
     """One torch storage; pickle's memo makes every tensor on it share the rebuilt one."""
 
     def __init__(self, storage: Any, device: str) -> None:
         self.storage = storage
         self.device = device
-        self._host: Any = None
+        self._buffer: Any = None
 
     def __reduce__(self) -> tuple[Any, tuple]:
-        if self._host is None:
-            import torch
+        if self._buffer is None:
+            slot = self._out_of_band()  # an empty bytearray: test it against None
+            self._buffer = self._host_copy() if slot is None else slot
+        return _rebuild_storage, (pickle.PickleBuffer(self._buffer), self.device)
 
-            u8 = torch.empty(0, dtype=torch.uint8, device=self.storage.device).set_(self.storage)
-            if self.device != "cpu":
-                u8 = devices.device_ops.to_host(u8)  # once, even if pickled twice
-            self._host = u8.numpy() if u8.numel() else b""
-        return _rebuild_storage, (pickle.PickleBuffer(self._host), self.device)
+    def _out_of_band(self) -> _DeviceSlot | None:
+        """A large device storage is copied later, in bounded pieces, as it is written."""
+        if self.device == "cpu" or self.storage.nbytes() < OUT_OF_BAND_MIN:
+            return None
+        slot = _DeviceSlot()
+        slot.source = DeviceBuffer(self.storage)
+        return slot
+
+    def _host_copy(self) -> Any:
+        import torch
+
+        u8 = torch.empty(0, dtype=torch.uint8, device=self.storage.device).set_(self.storage)
+        if self.device != "cpu":
+            u8 = devices.device_ops.to_host(u8)  # small: in the pickle stream
+        return u8.numpy() if u8.numel() else b""
 
 
 def _rebuild_storage(buffer: Any, device: str) -> Any:
@@ -141,7 +181,8 @@ class CkptPickler(cloudpickle.Pickler):
         namespace: dict[str, Any],
         storages: dict[tuple[str, int], _StorageRef],
     ) -> None:
-        self.buffers: list[pickle.PickleBuffer] = []
+        # host buffers (memoryviews) and device storages, in stream order
+        self.buffers: list[memoryview | DeviceBuffer] = []
         super().__init__(file, protocol=PROTOCOL, buffer_callback=self._buffer_callback)
         self.namespace = namespace
         self.storages = storages
@@ -149,9 +190,13 @@ class CkptPickler(cloudpickle.Pickler):
         self.devices: set[str] = set()
 
     def _buffer_callback(self, buffer: pickle.PickleBuffer) -> bool:
-        if buffer.raw().nbytes < OUT_OF_BAND_MIN:
+        raw = buffer.raw()
+        if isinstance(raw.obj, _DeviceSlot):
+            self.buffers.append(raw.obj.source)
+            return False
+        if raw.nbytes < OUT_OF_BAND_MIN:
             return True  # in band
-        self.buffers.append(buffer)
+        self.buffers.append(raw)
         return False
 
     def reducer_override(self, obj: Any) -> Any:

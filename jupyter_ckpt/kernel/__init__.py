@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from .. import image
+from ..errors import CkptError
 from ..store import ImageStore, check_ref
 from .activity import background_work as background_work
 from .state import apply_kernel_facts, kernel_facts, kernel_id, user_variables
@@ -45,18 +46,25 @@ class KernelSession:
         return self._store
 
     def save(self, name: str | None = None) -> dict[str, Any]:
+        """Write an image; a failure comes back as ``{"error": why}``, not raised. An
+        exception would stay in ``sys.last_traceback`` (IPython keeps the last one), and
+        with it every copy the failed save's frames held."""
         started = time.perf_counter()
-        # A name is looked up later like an id, so it obeys the same rules (no paths).
-        name = check_ref(name, "image name") if name else _default_name()
-        manifest = image.capture(
-            user_variables(self.shell),
-            self.shell.user_ns,
-            self.store.writer(),
-            name=name,
-            exclude=self.excluded,
-            kernel=kernel_facts(self.shell),
-            parent=self.last_image,
-        )
+        try:
+            # A name is looked up later like an id, so it obeys the same rules (no paths).
+            name = check_ref(name, "image name") if name else _default_name()
+            manifest = image.capture(
+                user_variables(self.shell),
+                self.shell.user_ns,
+                self.store.writer(),
+                name=name,
+                exclude=self.excluded,
+                kernel=kernel_facts(self.shell),
+                parent=self.last_image,
+                buffer_bytes=self.store.buffer_bytes,
+            )
+        except Exception as exc:
+            return {"error": _describe(exc)}
         self.last_image = manifest["id"]
         return summarize_save(manifest, time.perf_counter() - started)
 
@@ -74,6 +82,11 @@ class KernelSession:
             **report.to_json(),
             "seconds": time.perf_counter() - started,
         }
+
+
+def _describe(exc: BaseException) -> str:
+    """Our errors name their cause; anything else is named by its type too."""
+    return str(exc) if isinstance(exc, CkptError) else f"{type(exc).__name__}: {exc}"
 
 
 def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:

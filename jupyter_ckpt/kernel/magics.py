@@ -67,6 +67,8 @@ class CkptMagics(Magics):
 
     def _save(self, args: Any) -> list[str]:
         r = session().save(args.name)
+        if "error" in r:
+            return [f"%ckpt save: {r['error']} (nothing was saved; the variables are unchanged)"]
         lines = [
             f"Saved {len(r['saved'])} variables as '{r['name']}' ({r['id'][:12]}): "
             f"{human_bytes(r['bytes'])}, {human_bytes(r['written'])} new, {r['seconds']:.2f} s"

@@ -2,6 +2,7 @@
 
 from .imagestore import ImageStore
 from .layout import (
+    BUFFER_BYTES,
     CHUNK_SIZE,
     GC_GRACE_SECONDS,
     ID_RE,
@@ -17,6 +18,7 @@ from .signing import Signer
 from .writer import ImageWriter
 
 __all__ = [
+    "BUFFER_BYTES",
     "CHUNK_SIZE",
     "GC_GRACE_SECONDS",
     "ID_RE",

@@ -34,6 +34,7 @@ from ..errors import (
 )
 from .backends import LocalBackend, open_backend
 from .layout import (
+    BUFFER_BYTES,
     GC_GRACE_SECONDS,
     ID_RE,
     MANIFEST_MAX,
@@ -107,6 +108,17 @@ class ImageStore(LoggingConfigurable):
         help="Read chunks of a local store with O_DIRECT where the file system supports it "
         "(faster and lighter on the CPU for cold reads; falls back by itself).",
     ).tag(config=True)
+
+    buffer_bytes = Int(
+        BUFFER_BYTES,
+        help="Host memory a save may use for the copies it writes (GPU data on its way to "
+        "the store, packed small buffers), whatever the size of the state. Kernels read "
+        "JUPYTER_CKPT_BUFFER_BYTES.",
+    ).tag(config=True)
+
+    @default("buffer_bytes")
+    def _default_buffer_bytes(self) -> int:
+        return int(os.environ.get("JUPYTER_CKPT_BUFFER_BYTES") or BUFFER_BYTES)
 
     storage_options = Dict(
         help="fsspec options for a remote store (e.g. {'endpoint_url': ...} for an "

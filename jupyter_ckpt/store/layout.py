@@ -22,6 +22,9 @@ CHUNK_SIZE = 4 << 20
 ID_RE = re.compile(r"^[0-9a-f]{32}$")
 REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 GC_GRACE_SECONDS = 3600
+# Host memory a save may use for copies (ImageStore.buffer_bytes): a few hundred MiB keeps
+# the disk and the bus busy without sizing a pod's RAM to its GPU state.
+BUFFER_BYTES = 256 << 20
 # A signed manifest is JSON naming every chunk: 64 MiB covers far more than any image needs.
 MANIFEST_MAX = 64 << 20
 

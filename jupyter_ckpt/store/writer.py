@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -45,16 +45,43 @@ class ImageWriter:
     def add_segment(self, data: Buffer) -> int:
         """Queue a buffer for writing; it must stay unchanged until commit."""
         view = memoryview(data).cast("B")
+        self._segments.append((len(view), self._submit(view)))
+        return len(self._segments) - 1
+
+    def add_segment_parts(self, parts: Iterable[Buffer]) -> int:
+        """Write one segment from consecutive parts (whole chunks each, but the last) as
+        they come: the next part is asked for only once the one before the current part is
+        written, and all are written on return, so at most two parts are held at a time."""
+        futures: list[Future[tuple[str, int, str | None]]] = []
+        self._segments.append((0, futures))  # abandon() finds what was submitted so far
+        index = len(self._segments) - 1
+        size = done = 0
+        for part in parts:
+            if size % CHUNK_SIZE:
+                raise ValueError("only the last part of a segment may end inside a chunk")
+            earlier = len(futures)
+            view = memoryview(part).cast("B")
+            futures += self._submit(view)
+            size += len(view)
+            del part, view
+            for future in futures[done:earlier]:
+                future.result()  # the part before is written: its memory can go
+            done = earlier
+        for future in futures[done:]:
+            future.result()
+        self._segments[index] = (size, futures)
+        return index
+
+    def _submit(self, view: memoryview) -> list[Future[tuple[str, int, str | None]]]:
+        """Hash and write ``view``'s chunks on the I/O pool."""
         if self._lease is None:
             # Released by commit or abandon, or when a failed save drops the writer.
             self._lease = weakref.finalize(self, self.store.lease().release)
         submit: Callable[..., Future[tuple[str, int, str | None]]] = self.store._pool.submit
-        futures = [
+        return [
             submit(self.store._put_chunk, view[i : i + CHUNK_SIZE], self._claim)
             for i in range(0, len(view), CHUNK_SIZE)
         ]
-        self._segments.append((len(view), futures))
-        return len(self._segments) - 1
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
         segments = []
@@ -74,7 +101,7 @@ class ImageWriter:
                         staged.append((stage, chunk_path(digest)))
                 segments.append({"size": size, "chunks": chunks})
         except BaseException:
-            self._abandon()
+            self.abandon()
             raise
         logical = sum(s["size"] for s in segments)
         manifest = {
@@ -111,8 +138,9 @@ class ImageWriter:
         if self._lease is not None:
             self._lease()
 
-    def _abandon(self) -> None:
-        """Stop queued chunks and remove the staged files of those already written."""
+    def abandon(self) -> None:
+        """Stop queued chunks and remove the staged files of those already written (a
+        failed save leaves nothing behind but what gc would remove anyway)."""
         for _, futures in self._segments:
             for future in futures:
                 future.cancel()

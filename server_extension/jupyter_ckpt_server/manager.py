@@ -128,7 +128,10 @@ class CkptManager(LoggingConfigurable):
                 )
             raise SuspendFailed(f"{ename}: {evalue}")
         # text/plain is the repr of the JSON string: literal_eval reads it, runs nothing
-        return json.loads(ast.literal_eval(result["data"]["text/plain"]))
+        value = json.loads(ast.literal_eval(result["data"]["text/plain"]))
+        if isinstance(value, dict) and value.get("error"):  # failed, and said why
+            raise SuspendFailed(value["error"])
+        return value
 
     def gpu_usage(self, kernel_id: str, snapshot: GpuSnapshot | None = None) -> GpuUsage:
         pid = self.kernel_pid(kernel_id)

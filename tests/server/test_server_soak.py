@@ -1,0 +1,54 @@
+"""Soak: one kernel suspended and restored many times through the real server. Every
+cycle must give back what it took (file descriptors, threads, memory), and the kernel's
+state must be whole at the end."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from statistics import mean
+
+import psutil
+from server_helpers import start_session, text_of
+
+CYCLES = 100  # about 100 s on 2 cores: a kernel starts on every restore
+WINDOW = 10  # cycles averaged at the start and at the end
+# Server memory a cycle may add (logs kept by the test run, allocator slack); a leak of
+# a kernel's client or an image's bytes per cycle is far more.
+RSS_PER_CYCLE = 512 << 10
+
+
+async def test_suspend_restore_cycles_keep_server_resources_flat(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    reply, _ = await client.execute("import numpy as np\nw = np.arange(100_000)\nn = 0")
+    assert reply["status"] == "ok"
+    server = psutil.Process()  # the server runs in this process
+    figures = []
+    started = time.perf_counter()
+    for _ in range(CYCLES):
+        r = await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+        assert json.loads(r.body)["kernel_id"] == kernel_id
+        client.close()
+        client = await connect(kernel_id)  # the first message restores the kernel
+        reply, _ = await client.execute("n += 1")
+        assert reply["status"] == "ok", reply
+        gc.collect()
+        figures.append((server.num_fds(), server.num_threads(), server.memory_info().rss))
+    seconds = time.perf_counter() - started
+
+    _, outputs = await client.execute("print(n, int(w.sum()))")
+    assert text_of(outputs) == f"{CYCLES} {sum(range(100_000))}\n"
+    assert manager.restore_count == CYCLES
+    first = [mean(f[i] for f in figures[:WINDOW]) for i in range(3)]
+    last = [mean(f[i] for f in figures[-WINDOW:]) for i in range(3)]
+    print(
+        f"\n{CYCLES} suspend/restore cycles in {seconds:.0f} s; server, first vs last "
+        f"{WINDOW} cycles: fds {first[0]:.1f} -> {last[0]:.1f}, threads {first[1]:.1f} -> "
+        f"{last[1]:.1f}, RSS {first[2] / 2**20:.1f} -> {last[2] / 2**20:.1f} MiB"
+    )
+    # A leak of one per cycle would show as CYCLES - WINDOW more.
+    assert last[0] <= first[0] + 3, "file descriptors grow with cycles"
+    assert last[1] <= first[1] + 2, "threads grow with cycles"
+    assert last[2] - first[2] <= RSS_PER_CYCLE * (CYCLES - WINDOW), "server memory grows"
