@@ -9,15 +9,20 @@ surfacing later as a kernel that is never (or too eagerly) suspended.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, validate
+from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 log = logging.getLogger(__name__)
 
 # Kernelspec metadata key: {"metadata": {"jupyter_ckpt": {"idle_timeout": 600}}}
 SPEC_METADATA_KEY = "jupyter_ckpt"
+
+# What a deployment sets when it cannot write the server's config (e.g. KubeSpawner's
+# `environment`), next to the grace period it gives the pod.
+STOP_GRACE_ENV = "JUPYTER_CKPT_STOP_GRACE_PERIOD"
 
 
 def _at_least(proposal: Any, minimum: float, strict: bool = False) -> Any:
@@ -84,6 +89,15 @@ class SuspendPolicy(Configurable):
         120, help="Seconds the server may spend suspending kernels when it stops."
     ).tag(config=True)
 
+    stop_grace_period = Float(
+        help="""Seconds the deployment gives the server between the first stop signal and
+        SIGKILL (Kubernetes' terminationGracePeriodSeconds, LocalProcessSpawner's
+        interrupt_timeout + term_timeout, `docker stop -t`, systemd's TimeoutStopSec),
+        which the server cannot read itself. When it is shorter than shutdown_timeout plus
+        a margin, the server warns at start. Default: $JUPYTER_CKPT_STOP_GRACE_PERIOD,
+        else 0 (unknown).""",
+    ).tag(config=True)
+
     checkpoint_timeout = Float(
         600, help="Seconds one kernel may take to write its image before the attempt fails."
     ).tag(config=True)
@@ -92,7 +106,17 @@ class SuspendPolicy(Configurable):
         Unicode(), help="Kernel spec names that are never suspended (e.g. ['ir'])."
     ).tag(config=True)
 
-    @validate("idle_timeout", "min_gpu_memory_mb")
+    @default("stop_grace_period")
+    def _stop_grace_period_from_env(self) -> float:
+        value = os.environ.get(STOP_GRACE_ENV, "0")
+        try:
+            return float(value)
+        except ValueError:
+            raise TraitError(
+                f"{STOP_GRACE_ENV} must be a number of seconds, got {value!r}"
+            ) from None
+
+    @validate("idle_timeout", "min_gpu_memory_mb", "stop_grace_period")
     def _non_negative(self, proposal: Any) -> Any:
         return _at_least(proposal, 0)
 
