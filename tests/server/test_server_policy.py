@@ -21,6 +21,7 @@ def test_defaults_are_the_designed_ones():
         "restore_on": "first-message",
         "suspend_on_shutdown": True,
         "shutdown_timeout": 120,
+        "stop_grace_period": 0,
         "checkpoint_timeout": 600,
         "exclude_kernel_names": [],
     }

@@ -36,6 +36,7 @@ class Gate:
             time.sleep(0.02)
         return {}
 """
+GATED_STATE = "x = 41\nimport gate\ng = gate.Gate()"
 
 
 async def kernel_with_state(server: ServerProcess, code: str = "x = 41") -> str:
@@ -106,7 +107,9 @@ async def test_stop_suspends_and_a_new_server_restores(tmp_path, stop):
 
 
 async def test_ctrl_c_in_a_terminal_confirmed_with_y(tmp_path):
-    """Ctrl-C in the terminal running the server, then 'y' at the server's question."""
+    """Ctrl-C in the terminal running the server, 'y' at the server's question, then
+    Ctrl-C again while the kernel is being saved."""
+    (tmp_path / "gate.py").write_text(GATE_MODULE)
     server = ServerProcess(tmp_path)
     master, terminal = pty.openpty()
 
@@ -125,10 +128,14 @@ async def test_ctrl_c_in_a_terminal_confirmed_with_y(tmp_path):
         return text in shown
 
     try:
-        kernel_id = await kernel_with_state(server)
+        kernel_id = await kernel_with_state(server, GATED_STATE)
         os.write(master, b"\x03")  # the terminal sends SIGINT to its foreground group
         await poll(lambda: screen_shows(b"Shut down this Jupyter server (y/[n])?"), timeout=30)
         os.write(master, b"y\n")
+        await poll(lambda: "Suspending up to 1 kernel" in server.log(), what="the suspend")
+        os.write(master, b"\x03")
+        await poll(lambda: "Received SIGINT while suspending" in server.log())
+        (tmp_path / "gate-open").touch()
         await server.exited()
     finally:
         if server.process.poll() is None:
@@ -144,7 +151,7 @@ async def test_stop_signals_during_the_suspend_do_not_cut_it_short(tmp_path):
     server = ServerProcess(tmp_path)
     await server.start(stdin=subprocess.DEVNULL)
     try:
-        kernel_id = await kernel_with_state(server, "x = 41\nimport gate\ng = gate.Gate()")
+        kernel_id = await kernel_with_state(server, GATED_STATE)
         server.send_signal(signal.SIGINT)
         await poll(lambda: "Suspending up to 1 kernel" in server.log(), what="the suspend")
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
