@@ -32,7 +32,10 @@ from typing import Any
 
 from .policy import SuspendPolicy
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGHUP does not exist on Windows, where the event loop takes no signal handlers anyway.
+STOP_SIGNALS = tuple(
+    getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
+)
 
 # Seconds a server needs after the suspend: shut the kernels down, close, exit.
 STOP_MARGIN = 10.0
@@ -61,10 +64,17 @@ class StopGuard:
     def install(self) -> None:
         """Handle the stop signals; call from the running event loop, main thread."""
         self._loop = asyncio.get_running_loop()
-        for sig in STOP_SIGNALS:
-            if sig == signal.SIGINT and self._server_confirms_sigint():
-                continue
-            self._handle(sig)
+        try:
+            for sig in STOP_SIGNALS:
+                if sig == signal.SIGINT and self._server_confirms_sigint():
+                    continue
+                self._handle(sig)
+        except NotImplementedError:  # an event loop without signal handlers (Windows)
+            self._loop = None
+            self.log.warning(
+                "This event loop takes no signal handlers: only the stops of jupyter_server "
+                "itself (SIGTERM, the shutdown API) suspend kernels"
+            )
 
     def _server_confirms_sigint(self) -> bool:
         # jupyter_server installs its confirmation handler only with a terminal on stdin

@@ -88,11 +88,11 @@ async def jupyter_server_stop(server: ServerProcess) -> None:
     [
         signal_stop(signal.SIGTERM),
         signal_stop(signal.SIGINT),
-        signal_stop(signal.SIGHUP),
         api_shutdown,
         jupyter_server_stop,
     ],
-    ids=["SIGTERM", "SIGINT", "SIGHUP", "api-shutdown", "jupyter-server-stop"],
+    # SIGTERM is also how docker stop, a pod deletion and systemctl stop begin
+    ids=["SIGTERM", "SIGINT", "api-shutdown", "jupyter-server-stop"],
 )
 async def test_stop_suspends_and_a_new_server_restores(tmp_path, stop):
     server = ServerProcess(tmp_path)
@@ -106,41 +106,78 @@ async def test_stop_suspends_and_a_new_server_restores(tmp_path, stop):
     await assert_restores(server, kernel_id)
 
 
+class Terminal:
+    """A pseudo-terminal that the server runs in, as in a shell: its stdin and stdout and
+    its session's controlling terminal."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = pty.openpty()
+        self.shown = bytearray()
+
+    async def start(self, server: ServerProcess) -> None:
+        def controlling_terminal() -> None:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        await server.start(
+            stdin=self.slave,
+            stdout=self.slave,
+            start_new_session=True,
+            preexec_fn=controlling_terminal,
+        )
+        os.close(self.slave)
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.master, keys)
+
+    def shows(self, text: bytes) -> bool:
+        while select.select([self.master], [], [], 0)[0]:
+            self.shown.extend(os.read(self.master, 4096))
+        return text in self.shown
+
+    def close(self) -> None:
+        """Hang up, as a closed terminal window or ssh session does."""
+        if self.master >= 0:
+            os.close(self.master)
+            self.master = -1
+
+
 async def test_ctrl_c_in_a_terminal_confirmed_with_y(tmp_path):
     """Ctrl-C in the terminal running the server, 'y' at the server's question, then
     Ctrl-C again while the kernel is being saved."""
     (tmp_path / "gate.py").write_text(GATE_MODULE)
     server = ServerProcess(tmp_path)
-    master, terminal = pty.openpty()
-
-    def controlling_terminal() -> None:  # the new session's terminal, as a shell gives it
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    await server.start(
-        stdin=terminal, stdout=terminal, start_new_session=True, preexec_fn=controlling_terminal
-    )
-    os.close(terminal)
-    shown = bytearray()
-
-    def screen_shows(text: bytes) -> bool:
-        while select.select([master], [], [], 0)[0]:
-            shown.extend(os.read(master, 4096))
-        return text in shown
-
+    terminal = Terminal()
+    await terminal.start(server)
     try:
         kernel_id = await kernel_with_state(server, GATED_STATE)
-        os.write(master, b"\x03")  # the terminal sends SIGINT to its foreground group
-        await poll(lambda: screen_shows(b"Shut down this Jupyter server (y/[n])?"), timeout=30)
-        os.write(master, b"y\n")
+        terminal.type(b"\x03")  # the terminal sends SIGINT to its foreground group
+        await poll(lambda: terminal.shows(b"Shut down this Jupyter server (y/[n])?"))
+        terminal.type(b"y\n")
         await poll(lambda: "Suspending up to 1 kernel" in server.log(), what="the suspend")
-        os.write(master, b"\x03")
+        terminal.type(b"\x03")
         await poll(lambda: "Received SIGINT while suspending" in server.log())
         (tmp_path / "gate-open").touch()
         await server.exited()
     finally:
         if server.process.poll() is None:
             server.process.kill()
-        os.close(master)
+        terminal.close()
+    await assert_restores(server, kernel_id)
+
+
+async def test_closing_the_terminal(tmp_path):
+    """The terminal (or ssh session) the server runs in closes: SIGHUP."""
+    server = ServerProcess(tmp_path)
+    terminal = Terminal()
+    await terminal.start(server)
+    try:
+        kernel_id = await kernel_with_state(server)
+        terminal.close()
+        await server.exited()
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        terminal.close()
     await assert_restores(server, kernel_id)
 
 
