@@ -54,6 +54,10 @@ class CkptExtensionApp(ExtensionApp):
                 f"the server uses {type(km).__name__}, so no kernel will be suspended"
             )
         self.policy = SuspendPolicy(parent=self)
+        if self.policy.suspend_on_shutdown:
+            warning = grace_period_warning(self.policy, os.environ)
+            if warning:
+                self.log.warning(warning)
         store = ImageStore(parent=self)
         km.ckpt_env = {
             "JUPYTER_CKPT_STORE": store.backend.url,
@@ -95,9 +99,6 @@ class CkptExtensionApp(ExtensionApp):
         if self.policy.suspend_on_shutdown:
             self.stop_guard = StopGuard(serverapp, self.policy, self.log)
             self.stop_guard.install()
-            warning = grace_period_warning(self.policy, os.environ)
-            if warning:
-                self.log.warning(warning)
 
     async def stop_extension(self) -> None:
         """Runs before the server stops its kernels: suspend those that would lose state.
@@ -132,6 +133,9 @@ class CkptExtensionApp(ExtensionApp):
                 self.log.info("Kernel %s suspended before shutdown", kernel_id)
             for kernel_id, why in result["failed"].items():
                 self.log.warning("Kernel %s was not suspended before shutdown: %s", kernel_id, why)
+        except Exception:
+            # the server must still stop; an error here would leave it running forever
+            self.log.exception("Suspending kernels before shutdown failed")
         finally:
             if self.stop_guard is not None:
                 self.stop_guard.end()

@@ -110,11 +110,12 @@ class SuspendPolicy(Configurable):
     def _stop_grace_period_from_env(self) -> float:
         value = os.environ.get(STOP_GRACE_ENV, "0")
         try:
-            return float(value)
+            seconds = float(value)
         except ValueError:
-            raise TraitError(
-                f"{STOP_GRACE_ENV} must be a number of seconds, got {value!r}"
-            ) from None
+            seconds = float("nan")
+        if not seconds >= 0:
+            raise TraitError(f"{STOP_GRACE_ENV} must be a number of seconds >= 0, got {value!r}")
+        return seconds
 
     @validate("idle_timeout", "min_gpu_memory_mb", "stop_grace_period")
     def _non_negative(self, proposal: Any) -> Any:

@@ -47,6 +47,7 @@ def test_config_file_and_command_line():
         ("check_interval", 0, "check_interval must be greater than 0"),
         ("shutdown_timeout", -5, "shutdown_timeout must be greater than 0"),
         ("min_gpu_memory_mb", -1, "min_gpu_memory_mb must be at least 0"),
+        ("stop_grace_period", -1, "stop_grace_period must be at least 0"),
         ("on_unsaveable", "drop", "on_unsaveable"),
         ("restore_on", "later", "restore_on"),
     ],

@@ -256,6 +256,7 @@ def test_grace_period_warning_says_when_sigkill_may_come_first(monkeypatch):
 
     monkeypatch.setenv(STOP_GRACE_ENV, "45")
     assert SuspendPolicy().stop_grace_period == 45
-    monkeypatch.setenv(STOP_GRACE_ENV, "soon")
-    with pytest.raises(TraitError, match=f"{STOP_GRACE_ENV} must be a number"):
-        SuspendPolicy().stop_grace_period  # noqa: B018
+    for bad in ("soon", "-5"):
+        monkeypatch.setenv(STOP_GRACE_ENV, bad)
+        with pytest.raises(TraitError, match=f"{STOP_GRACE_ENV} must be a number of seconds"):
+            SuspendPolicy().stop_grace_period  # noqa: B018
