@@ -129,8 +129,6 @@ class CkptExtensionApp(ExtensionApp):
             result = await self.service.suspend_all(
                 trigger="shutdown", timeout=self.policy.shutdown_timeout
             )
-            for kernel_id in result["suspended"]:
-                self.log.info("Kernel %s suspended before shutdown", kernel_id)
             for kernel_id, why in result["failed"].items():
                 self.log.warning("Kernel %s was not suspended before shutdown: %s", kernel_id, why)
         except Exception:

@@ -39,8 +39,10 @@ class Gate:
 GATED_STATE = "x = 41\nimport gate\ng = gate.Gate()"
 
 
-async def kernel_with_state(server: ServerProcess, code: str = "x = 41") -> str:
-    body = {"path": "nb.ipynb", "name": "nb.ipynb", "type": "notebook", "kernel": {}}
+async def kernel_with_state(
+    server: ServerProcess, code: str = "x = 41", path: str = "nb.ipynb"
+) -> str:
+    body = {"path": path, "name": path, "type": "notebook", "kernel": {}}
     session = await server.fetch("POST", "sessions", body)
     kernel_id = session["kernel"]["id"]
     await server.run_cell(kernel_id, code)
@@ -260,3 +262,27 @@ def test_grace_period_warning_says_when_sigkill_may_come_first(monkeypatch):
         monkeypatch.setenv(STOP_GRACE_ENV, bad)
         with pytest.raises(TraitError, match=f"{STOP_GRACE_ENV} must be a number of seconds"):
             SuspendPolicy().stop_grace_period  # noqa: B018
+
+
+async def test_jupyterhub_sigkill_keeps_the_kernels_already_suspended(tmp_path):
+    """LocalProcessSpawner with the timeouts of older JupyterHub releases (SIGTERM after
+    10 s, SIGKILL 5 s later) and one kernel still saving at SIGKILL: SIGTERM does not cut
+    the suspend, SIGKILL does, and the kernel suspended before it is kept."""
+    (tmp_path / "gate.py").write_text(GATE_MODULE)
+    server = ServerProcess(tmp_path)
+    await server.start(stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        kept = await kernel_with_state(server)
+        await kernel_with_state(server, GATED_STATE, path="slow.ipynb")
+        spawner = LocalProcessSpawner(interrupt_timeout=10, term_timeout=5)
+        spawner.proc, spawner.pid = server.process, server.process.pid
+        await spawner.stop()
+        assert server.process.returncode == -signal.SIGKILL
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        (tmp_path / "gate-open").touch()  # lets the orphaned saving kernel end
+    log = server.log()
+    assert f"Suspended kernel {kept} to image" in log
+    assert "Received SIGTERM while suspending" in log
+    await assert_restores(server, kept)
