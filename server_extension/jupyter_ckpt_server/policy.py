@@ -81,8 +81,9 @@ class SuspendPolicy(Configurable):
 
     suspend_on_shutdown = Bool(
         True,
-        help="""When the server stops (SIGTERM, hub cull, eviction), suspend every kernel
-        that would lose state, before the kernels are stopped.""",
+        help="""When the server stops (a stop signal, the shutdown API, a hub cull, an
+        eviction), suspend every kernel that would lose state, before the kernels are
+        stopped.""",
     ).tag(config=True)
 
     shutdown_timeout = Float(
