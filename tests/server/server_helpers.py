@@ -209,14 +209,22 @@ class ServerProcess:
         return Client(ws, session, None, lambda: None)
 
     async def run_cell(self, kernel_id: str, code: str) -> str:
-        """Run one cell in the kernel through the websocket; its output text."""
+        """Run one cell in the kernel through the websocket; its output text, once the
+        server has seen the kernel idle again (a suspend refuses a busy kernel)."""
         client = await self.connect(kernel_id)
         try:
             reply, outputs = await client.execute(code)
         finally:
             client.close()
         assert reply["status"] == "ok", text_of(outputs)
+        await self.wait_idle(kernel_id)
         return text_of(outputs)
+
+    async def wait_idle(self, kernel_id: str) -> None:
+        async def idle() -> bool:
+            return (await self.get(f"kernels/{kernel_id}"))["execution_state"] == "idle"
+
+        await poll(idle, what=f"the server to see kernel {kernel_id} idle")
 
     def send_signal(self, sig: int) -> None:
         assert self.process is not None
@@ -228,6 +236,12 @@ class ServerProcess:
         assert process is not None
         await poll(lambda: process.poll() is not None, timeout=timeout, what="the server to exit")
         return process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server if it still runs (a test that failed midway)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def terminate(self) -> float:
         """SIGTERM, as a pod eviction or hub cull does; seconds until the server exited."""

@@ -19,6 +19,7 @@ async def test_sigterm_suspends_and_the_restarted_server_restores(tmp_path):
         client = await server.connect(kernel_id)
         await client.execute("import numpy as np\nsteps = np.arange(5)")
         client.close()
+        await server.wait_idle(kernel_id)
     finally:
         server.terminate()
     records = list((tmp_path / "store" / "kernels").glob("*.json"))

@@ -64,14 +64,14 @@ async def assert_restores(server: ServerProcess, kernel_id: str) -> None:
 def signal_stop(sig: int) -> Callable[[ServerProcess], Awaitable[None]]:
     async def stop(server: ServerProcess) -> None:
         server.send_signal(sig)
-        await server.exited()
+        assert await server.exited() == 0
 
     return stop
 
 
 async def api_shutdown(server: ServerProcess) -> None:
     await server.fetch("POST", "shutdown")
-    await server.exited()
+    assert await server.exited() == 0
 
 
 async def jupyter_server_stop(server: ServerProcess) -> None:
@@ -82,7 +82,7 @@ async def jupyter_server_stop(server: ServerProcess) -> None:
     done = lambda: server.process.poll() is not None and stopper.poll() is not None  # noqa: E731
     await poll(done, timeout=60, what="jupyter server stop")
     assert stopper.returncode == 0, stopper.stderr.read()  # type: ignore[union-attr]
-    await server.exited()
+    assert await server.exited() == 0  # by itself, not by the command's SIGTERM or SIGKILL
 
 
 @pytest.mark.parametrize(
@@ -103,8 +103,7 @@ async def test_stop_suspends_and_a_new_server_restores(tmp_path, stop):
         kernel_id = await kernel_with_state(server)
         await stop(server)
     finally:
-        if server.process.poll() is None:
-            server.process.kill()
+        server.kill()
     await assert_restores(server, kernel_id)
 
 
@@ -159,10 +158,9 @@ async def test_ctrl_c_in_a_terminal_confirmed_with_y(tmp_path):
         terminal.type(b"\x03")
         await poll(lambda: "Received SIGINT while suspending" in server.log())
         (tmp_path / "gate-open").touch()
-        await server.exited()
+        assert await server.exited() == 0
     finally:
-        if server.process.poll() is None:
-            server.process.kill()
+        server.kill()
         terminal.close()
     await assert_restores(server, kernel_id)
 
@@ -175,10 +173,9 @@ async def test_closing_the_terminal(tmp_path):
     try:
         kernel_id = await kernel_with_state(server)
         terminal.close()
-        await server.exited()
+        assert await server.exited() == 0
     finally:
-        if server.process.poll() is None:
-            server.process.kill()
+        server.kill()
         terminal.close()
     await assert_restores(server, kernel_id)
 
@@ -199,10 +196,9 @@ async def test_stop_signals_during_the_suspend_do_not_cut_it_short(tmp_path):
             await poll(lambda n=name: f"Received {n} while suspending" in server.log())
         assert server.process.poll() is None
         (tmp_path / "gate-open").touch()
-        await server.exited()
+        assert await server.exited() == 0
     finally:
-        if server.process.poll() is None:
-            server.process.kill()
+        server.kill()
     await assert_restores(server, kernel_id)
 
 
@@ -213,10 +209,9 @@ async def test_kernels_not_suspended_in_time_are_logged_with_the_reason(tmp_path
     try:
         kernel_id = await kernel_with_state(server, "import gate\ng = gate.Gate()")
         server.send_signal(signal.SIGTERM)
-        await server.exited()
+        assert await server.exited() == 0
     finally:
-        if server.process.poll() is None:
-            server.process.kill()
+        server.kill()
     assert f"Kernel {kernel_id} was not suspended before shutdown: not done within 1" in (
         server.log()
     )
@@ -237,8 +232,7 @@ async def test_jupyterhub_local_process_spawner_stop(tmp_path):
         await spawner.stop()
         assert server.process.returncode == 0  # exited by itself, before any SIGKILL
     finally:
-        if server.process.poll() is None:
-            server.process.kill()
+        server.kill()
     assert "Received SIGINT: suspending kernels" in server.log()
     await assert_restores(server, kernel_id)
 
@@ -279,8 +273,7 @@ async def test_jupyterhub_sigkill_keeps_the_kernels_already_suspended(tmp_path):
         await spawner.stop()
         assert server.process.returncode == -signal.SIGKILL
     finally:
-        if server.process.poll() is None:
-            server.process.kill()
+        server.kill()
         (tmp_path / "gate-open").touch()  # lets the orphaned saving kernel end
     log = server.log()
     assert f"Suspended kernel {kept} to image" in log
