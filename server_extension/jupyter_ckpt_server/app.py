@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from .manager import CkptManager
 from .monitor import IdleMonitor
 from .policy import SuspendPolicy
 from .service import CkptService
+from .shutdown import StopGuard, grace_period_warning
 from .websocket import CkptKernelWebsocketHandler
 
 SCHEMA_ID = "https://events.jupyter.org/jupyter_ckpt/v1"
@@ -32,6 +35,8 @@ class CkptExtensionApp(ExtensionApp):
     classes = [SuspendPolicy, ImageStore, CkptManager]
     manager: CkptManager | None = None  # None when the extension could not initialize
     monitor: IdleMonitor | None = None
+    stop_guard: StopGuard | None = None  # set once the server runs its event loop
+    _stopping: asyncio.Future[None] | None = None
 
     @default("config_file_name")
     def _default_config_file_name(self) -> str:
@@ -49,6 +54,10 @@ class CkptExtensionApp(ExtensionApp):
                 f"the server uses {type(km).__name__}, so no kernel will be suspended"
             )
         self.policy = SuspendPolicy(parent=self)
+        if self.policy.suspend_on_shutdown:
+            warning = grace_period_warning(self.policy, os.environ)
+            if warning:
+                self.log.warning(warning)
         store = ImageStore(parent=self)
         km.ckpt_env = {
             "JUPYTER_CKPT_STORE": store.root_url,
@@ -89,16 +98,44 @@ class CkptExtensionApp(ExtensionApp):
             return
         await self.manager.load_records()
         self.monitor.start()
+        if self.policy.suspend_on_shutdown:
+            self.stop_guard = StopGuard(serverapp, self.policy, self.log)
+            self.stop_guard.install()
 
     async def stop_extension(self) -> None:
-        """Runs before the server stops its kernels: suspend those that would lose state."""
+        """Runs before the server stops its kernels: suspend those that would lose state.
+
+        Every stop path calls it, some twice (a second signal, the shutdown API then
+        SIGTERM from ``jupyter server stop``): each call waits for the one suspend, so
+        no cleanup shuts kernels down while they are being saved."""
         if self.monitor is None:
             return
-        await self.monitor.stop()
-        if not self.policy.suspend_on_shutdown:
-            return
-        result = await self.service.suspend_all(
-            trigger="shutdown", timeout=self.policy.shutdown_timeout
-        )
-        for kernel_id, why in result["failed"].items():
-            self.log.warning("Kernel %s was not suspended before shutdown: %s", kernel_id, why)
+        if self._stopping is None:
+            if self.stop_guard is not None:
+                self.stop_guard.begin()
+            self._stopping = asyncio.ensure_future(self._suspend_before_stop())
+        await asyncio.shield(self._stopping)
+
+    async def _suspend_before_stop(self) -> None:
+        assert self.monitor is not None and self.manager is not None
+        try:
+            await self.monitor.stop()
+            if not self.policy.suspend_on_shutdown:
+                return
+            kernels = len(self.manager.kernel_manager.running_ids())
+            self.log.info(
+                "Suspending up to %d kernel(s) before stopping (shutdown_timeout %.0f s)",
+                kernels,
+                self.policy.shutdown_timeout,
+            )
+            result = await self.service.suspend_all(
+                trigger="shutdown", timeout=self.policy.shutdown_timeout
+            )
+            for kernel_id, why in result["failed"].items():
+                self.log.warning("Kernel %s was not suspended before shutdown: %s", kernel_id, why)
+        except Exception:
+            # the server must still stop; an error here would leave it running forever
+            self.log.exception("Suspending kernels before shutdown failed")
+        finally:
+            if self.stop_guard is not None:
+                self.stop_guard.end()

@@ -9,9 +9,10 @@ surfacing later as a kernel that is never (or too eagerly) suspended.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, validate
+from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,10 @@ BACKGROUND_KINDS = ("threads", "tasks", "children", "gpu")
 
 # Kernelspec metadata key: {"metadata": {"jupyter_ckpt": {"idle_timeout": 600}}}
 SPEC_METADATA_KEY = "jupyter_ckpt"
+
+# What a deployment sets when it cannot write the server's config (e.g. KubeSpawner's
+# `environment`), next to the grace period it gives the pod.
+STOP_GRACE_ENV = "JUPYTER_CKPT_STOP_GRACE_PERIOD"
 
 
 def _at_least(proposal: Any, minimum: float, strict: bool = False) -> Any:
@@ -79,12 +84,22 @@ class SuspendPolicy(Configurable):
 
     suspend_on_shutdown = Bool(
         True,
-        help="""When the server stops (SIGTERM, hub cull, eviction), suspend every kernel
-        that would lose state, before the kernels are stopped.""",
+        help="""When the server stops (a stop signal, the shutdown API, a hub cull, an
+        eviction), suspend every kernel that would lose state, before the kernels are
+        stopped.""",
     ).tag(config=True)
 
     shutdown_timeout = Float(
         120, help="Seconds the server may spend suspending kernels when it stops."
+    ).tag(config=True)
+
+    stop_grace_period = Float(
+        help="""Seconds the deployment gives the server between the first stop signal and
+        SIGKILL (Kubernetes' terminationGracePeriodSeconds, LocalProcessSpawner's
+        interrupt_timeout + term_timeout, `docker stop -t`, systemd's TimeoutStopSec),
+        which the server cannot read itself. When it is shorter than shutdown_timeout plus
+        a margin, the server warns at start. Default: $JUPYTER_CKPT_STOP_GRACE_PERIOD,
+        else 0 (unknown).""",
     ).tag(config=True)
 
     checkpoint_timeout = Float(
@@ -124,7 +139,19 @@ class SuspendPolicy(Configurable):
         check_interval). A kernel that does not answer counts as busy.""",
     ).tag(config=True)
 
-    @validate("idle_timeout", "min_gpu_memory_mb")
+
+    @default("stop_grace_period")
+    def _stop_grace_period_from_env(self) -> float:
+        value = os.environ.get(STOP_GRACE_ENV, "0")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = float("nan")
+        if not seconds >= 0:
+            raise TraitError(f"{STOP_GRACE_ENV} must be a number of seconds >= 0, got {value!r}")
+        return seconds
+
+    @validate("idle_timeout", "min_gpu_memory_mb", "stop_grace_period")
     def _non_negative(self, proposal: Any) -> Any:
         return _at_least(proposal, 0)
 

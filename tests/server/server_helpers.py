@@ -5,8 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,6 +22,8 @@ from jupyter_server.services.kernels.connection.base import (
     deserialize_msg_from_ws_v1,
     serialize_msg_to_ws_v1,
 )
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
 
 
 async def poll(condition: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
@@ -113,6 +121,135 @@ def text_of(outputs: list[dict[str, Any]]) -> str:
         if "evalue" in content:
             parts.append(f"{content['ename']}: {content['evalue']}")
     return "".join(parts)
+
+
+class ServerProcess:
+    """`jupyter server` with the extension on a private store and sessions database.
+
+    ``policy`` adds SuspendPolicy settings, ``env`` environment variables; ``start()``
+    takes Popen arguments (a terminal as stdin, a new session) for the stop paths."""
+
+    def __init__(
+        self, tmp: Path, policy: dict[str, Any] | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        self.tmp = tmp
+        self.token = uuid.uuid4().hex
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        config = {
+            "ServerApp": {
+                "jpserver_extensions": {"jupyter_ckpt_server": True},
+                "kernel_manager_class": "jupyter_ckpt_server.kernelmanager.CkptKernelManager",
+                "root_dir": str(tmp),
+            },
+            "SessionManager": {"database_filepath": str(tmp / "sessions.db")},
+            "IdentityProvider": {"token": self.token},
+            "SuspendPolicy": {"gpu_only": False, "idle_timeout": 3600, **(policy or {})},
+        }
+        (tmp / "config.json").write_text(json.dumps(config))
+        self.env = {
+            **os.environ,
+            "JUPYTER_CKPT_STORE": str(tmp / "store"),
+            "JUPYTER_CKPT_SECRET_FILE": str(tmp / "secret"),
+            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(tmp / "config"),
+            "JUPYTER_DATA_DIR": str(tmp / "data"),
+            **(env or {}),
+        }
+        self.log_path = tmp / "server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    async def start(self, **popen: Any) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "jupyter_server", f"--config={self.tmp / 'config.json'}",
+                f"--port={self.port}", "--no-browser", "--allow-root",
+            ],
+            env=self.env,
+            stderr=open(self.log_path, "ab"),  # noqa: SIM115 (lives with the process)
+            **popen,
+        )  # fmt: skip
+        await poll(self._ready, timeout=60, what="the server to start")
+
+    async def _ready(self) -> bool:
+        assert self.process is not None and self.process.poll() is None, "the server exited"
+        try:
+            await self.get("status")
+        except (OSError, HTTPClientError):
+            return False
+        return True
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def fetch(self, method: str, path: str, body: Any = None) -> Any:
+        request = HTTPRequest(
+            f"http://127.0.0.1:{self.port}/api/{path}",
+            method=method,
+            body=None if body is None else json.dumps(body),
+            headers={"Authorization": f"token {self.token}"},
+            allow_nonstandard_methods=True,
+        )
+        response = await AsyncHTTPClient().fetch(request)
+        return json.loads(response.body) if response.body else None
+
+    async def get(self, path: str) -> Any:
+        return await self.fetch("GET", path)
+
+    async def connect(self, kernel_id: str) -> Client:
+        session = Session()
+        ws = await websocket_connect(
+            HTTPRequest(
+                f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
+                f"?session_id={session.session}",
+                headers={"Authorization": f"token {self.token}"},
+            )
+        )
+        return Client(ws, session, None, lambda: None)
+
+    async def run_cell(self, kernel_id: str, code: str) -> str:
+        """Run one cell in the kernel through the websocket; its output text, once the
+        server has seen the kernel idle again (a suspend refuses a busy kernel)."""
+        client = await self.connect(kernel_id)
+        try:
+            reply, outputs = await client.execute(code)
+        finally:
+            client.close()
+        assert reply["status"] == "ok", text_of(outputs)
+        await self.wait_idle(kernel_id)
+        return text_of(outputs)
+
+    async def wait_idle(self, kernel_id: str) -> None:
+        async def idle() -> bool:
+            return (await self.get(f"kernels/{kernel_id}"))["execution_state"] == "idle"
+
+        await poll(idle, what=f"the server to see kernel {kernel_id} idle")
+
+    def send_signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    async def exited(self, timeout: float = 120) -> int:
+        """The server's exit code, once it has exited by itself."""
+        process = self.process
+        assert process is not None
+        await poll(lambda: process.poll() is not None, timeout=timeout, what="the server to exit")
+        return process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server if it still runs (a test that failed midway)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def terminate(self) -> float:
+        """SIGTERM, as a pod eviction or hub cull does; seconds until the server exited."""
+        assert self.process is not None
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(120)
+        return time.monotonic() - started
 
 
 async def start_session(jp_fetch: Any, path: str = "work.ipynb") -> tuple[str, str]:
