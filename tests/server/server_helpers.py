@@ -10,12 +10,14 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 from jupyter_server.services.kernels.connection.base import (
     deserialize_msg_from_ws_v1,
     serialize_msg_to_ws_v1,
 )
+from tornado.httpclient import HTTPClientError
 
 
 async def poll(condition: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
@@ -125,6 +127,14 @@ async def start_session(jp_fetch: Any, path: str = "work.ipynb") -> tuple[str, s
 
 async def get_json(jp_fetch: Any, *parts: str) -> Any:
     return json.loads((await jp_fetch(*parts)).body)
+
+
+async def fails_with(status: int, jp_fetch: Any, *parts: str, **kwargs: Any) -> str:
+    """The error message of a request that must fail with HTTP ``status``."""
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch(*parts, **kwargs)
+    assert info.value.code == status, info.value.response.body
+    return json.loads(info.value.response.body).get("message", "")
 
 
 class FunctionNotFound(Exception):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_ckpt_server.manager import SuspendFailed
-from server_helpers import get_json, poll, start_session, text_of
+from server_helpers import fails_with, get_json, poll, start_session, text_of
 
 WHERE = "import os; print(os.getcwd(), os.environ['JPY_SESSION_NAME'], os.environ['RUN'])"
 
@@ -109,10 +109,27 @@ async def test_a_failed_restore_starts_the_kernel_and_says_what_is_missing(
     assert f"restoring image {image_id} failed" in shown and "altered" in shown
     assert "weights:" in shown and "name:" in shown
     assert shown.endswith("running\n")
-    assert manager.kernel_manager.kernel_model(kernel_id)["ckpt"]["state"] == "running"
-    assert manager.store.image_ids() == [image_id], "the image is kept"
+    ckpt = (await get_json(jp_fetch, "api", "kernels", kernel_id))["ckpt"]
+    assert (ckpt["state"], ckpt["image"]) == ("restore-failed", image_id)
+    assert "altered" in ckpt["error"]
     restore = next(e for e in events if e["action"] == "restore")
     assert restore["status"] == "error" and "altered" in restore["msg"]
+
+    # the record, and so the image's pin, stays: neither retention nor DELETE removes it
+    assert manager.records.get(kernel_id)["image_id"] == image_id
+    await manager.checkpoint(kernel_id, "newer")
+    manager.store.max_images = 1
+    await manager.enforce_retention()
+    assert image_id in manager.store.image_ids(), "retention keeps the pinned image"
+    message = await fails_with(409, jp_fetch, "api", "ckpt", "images", image_id, method="DELETE")
+    assert kernel_id in message
+    images = await get_json(jp_fetch, "api", "ckpt", "images")
+    assert {i["id"]: i["state"] for i in images}[image_id] == "restore-failed"
+
+    # shutting the kernel down releases the image
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    assert manager.records.all() == ({}, {})
+    await jp_fetch("api", "ckpt", "images", image_id, method="DELETE")
 
 
 async def test_restore_on_connect(jp_fetch, connect, manager, events):
