@@ -84,8 +84,9 @@ class CkptManager(LoggingConfigurable):
         None,
         allow_none=True,
         help="""async callable(step, kernel_id), awaited before each awaited step of a
-        suspend (kernel_info, checkpoint, verify, record) and after its record is written
-        (recorded): widens each window for fault-injection tests.""",
+        suspend (kernel_info, checkpoint, verify, record), after its record is written
+        (recorded) and before a restore loads the image (restore): widens each window
+        for fault-injection tests.""",
     )
 
     gpu_release_timeout = Float(
@@ -235,6 +236,10 @@ class CkptManager(LoggingConfigurable):
             if task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(task)
+
+    def aborting(self, kernel_id: str) -> str | None:
+        """Why the suspend or restore of the kernel in progress is being aborted, if it is."""
+        return self._suspend_aborts.get(kernel_id) or self._restore_aborts.get(kernel_id)
 
     async def _hooked(self, step: str, kernel_id: str) -> None:
         if self.step_hook is not None:
@@ -429,6 +434,7 @@ class CkptManager(LoggingConfigurable):
         try:
             self._check(self._restore_aborts, kernel_id)
             await self._wait_ready(kernel_id)
+            await self._hooked("restore", kernel_id)
             self._check(self._restore_aborts, kernel_id)
             call = f"restore({record['image_id']!r})"
             report.update(await self.kernel_call(kernel_id, call, self.policy.checkpoint_timeout))

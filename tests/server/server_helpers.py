@@ -73,12 +73,14 @@ class Client:
         self.received.append(msg)
         return msg
 
-    async def reply_to(self, msg_id: str, timeout: float = 60) -> dict[str, Any]:
-        """The shell reply to ``msg_id``; iopub messages meanwhile stay in ``received``."""
+    async def reply_to(
+        self, msg_id: str, timeout: float = 60, channel: str = "shell"
+    ) -> dict[str, Any]:
+        """The reply to ``msg_id``; iopub messages meanwhile stay in ``received``."""
         deadline = time.monotonic() + timeout
         while True:
             msg = await self.receive(max(0.1, deadline - time.monotonic()))
-            if msg["channel"] == "shell" and msg["parent_header"].get("msg_id") == msg_id:
+            if msg["channel"] == channel and msg["parent_header"].get("msg_id") == msg_id:
                 return msg
 
     async def execute(self, code: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
