@@ -8,11 +8,12 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
+from jupyter_server.auth.authorizer import Authorizer
 from jupyter_server.services.kernels.connection.base import (
     deserialize_msg_from_ws_v1,
     serialize_msg_to_ws_v1,
@@ -201,3 +202,12 @@ class FakeNvml:
 
     def nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: int) -> list[Any]:
         return []
+
+
+class DenyingAuthorizer(Authorizer):
+    """Allows every action except on the resources a test lists in ``denied``."""
+
+    denied: ClassVar[set[str]] = set()
+
+    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
+        return resource not in self.denied
