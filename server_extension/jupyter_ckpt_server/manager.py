@@ -31,6 +31,9 @@ from jupyter_ckpt.store import ImageStore
 from .kernelmanager import CkptKernelManager, restoring
 from .policy import SuspendPolicy
 
+# seconds between two checks that a kernel we wait for is still alive
+_LIVENESS_POLL = 1.0
+
 _CALL = "__import__('json').dumps(__import__('jupyter_ckpt.kernel').kernel.{call})"
 
 
@@ -110,8 +113,11 @@ class CkptManager(LoggingConfigurable):
     # -- talking to a kernel --------------------------------------------------------------
 
     async def _request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
-        """Send one shell request on a private client and return its reply's content."""
+        """Send one shell request on a private client and return its reply's content.
+        Fails as soon as the kernel's process dies or is replaced (an automatic restart
+        loses the state and the request with it), not only after ``timeout``."""
         kernel = self.kernel_manager.get_kernel(kernel_id)
+        pid = self.kernel_pid(kernel_id)
         client = kernel.client()
         client.start_channels(iopub=False, stdin=False, hb=False, control=False)
         loop = asyncio.get_running_loop()
@@ -119,11 +125,18 @@ class CkptManager(LoggingConfigurable):
         try:
             msg_id = getattr(client, send)(**kw)
             while True:
-                reply = await client.get_shell_msg(timeout=max(0.01, deadline - loop.time()))
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise SuspendFailed(f"the kernel did not answer within {timeout:.0f} s")
+                try:
+                    reply = await client.get_shell_msg(timeout=min(left, _LIVENESS_POLL))
+                except queue.Empty:
+                    alive = await ensure_async(kernel.is_alive())
+                    if not alive or self.kernel_pid(kernel_id) != pid:
+                        raise SuspendFailed("the kernel's process died") from None
+                    continue
                 if reply["parent_header"].get("msg_id") == msg_id:
                     return reply["content"]
-        except queue.Empty:
-            raise SuspendFailed(f"the kernel did not answer within {timeout:.0f} s") from None
         finally:
             client.stop_channels()
 
