@@ -503,7 +503,7 @@ class CkptManager(LoggingConfigurable):
 
     async def discard(self, kernel_id: str) -> None:
         """A suspended kernel was shut down for good: drop its record (the image stays)."""
-        await asyncio.to_thread(self._forget_record, kernel_id)
+        await asyncio.to_thread(self.records.delete, kernel_id)
 
     async def release_image(self, image_id: str) -> None:
         """The image was resumed: kernels whose restore of it failed no longer pin it."""

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from jupyter_ckpt_server.manager import SuspendFailed
+from jupyter_ckpt_server.manager import CkptManager, SuspendFailed
 from server_helpers import fails_with, get_json, poll, start_session, text_of
 
 WHERE = "import os; print(os.getcwd(), os.environ['JPY_SESSION_NAME'], os.environ['RUN'])"
@@ -97,10 +97,7 @@ async def test_a_failed_restore_starts_the_kernel_and_says_what_is_missing(
     client = await connect(kernel_id)
     await client.execute("weights = list(range(5000))\nname = 'run-7'")
     image_id = (await manager.suspend(kernel_id))["id"]
-    store = Path(manager.store.backend.url)
-    for chunk in (store / "chunks").rglob("*"):
-        if chunk.is_file():
-            chunk.write_bytes(b"altered" + chunk.read_bytes()[7:])
+    alter_chunks(manager)
 
     client = await connect(kernel_id, v1=True)
     reply, outputs = await client.execute("print('running')")
@@ -130,6 +127,33 @@ async def test_a_failed_restore_starts_the_kernel_and_says_what_is_missing(
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     assert manager.records.all() == ({}, {})
     await jp_fetch("api", "ckpt", "images", image_id, method="DELETE")
+
+
+def alter_chunks(manager: CkptManager) -> dict[Path, bytes]:
+    """Alter every chunk of the store; their original bytes."""
+    originals = {}
+    for chunk in Path(manager.store.backend.url).rglob("*"):
+        if "chunks" in chunk.parts and chunk.is_file():
+            originals[chunk] = chunk.read_bytes()
+            chunk.write_bytes(b"altered" + originals[chunk][7:])
+    return originals
+
+
+async def test_resuming_the_image_of_a_failed_restore_releases_it(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("kept = 'yes'")
+    image_id = (await manager.suspend(kernel_id))["id"]
+    originals = alter_chunks(manager)
+    await manager.restore(kernel_id)
+    assert manager.kernel_manager.kernel_model(kernel_id)["ckpt"]["state"] == "restore-failed"
+    for chunk, data in originals.items():  # the store is repaired
+        chunk.write_bytes(data)
+
+    r = await jp_fetch("api", "ckpt", "images", image_id, "resume", method="POST", body="{}")
+    resumed = json.loads(r.body)
+    assert resumed["restore"]["restored"] == ["kept"]
+    assert manager.records.all() == ({}, {}), "the state is back: the pin goes"
+    assert manager.kernel_manager.kernel_model(kernel_id)["ckpt"]["state"] == "running"
 
 
 async def test_restore_on_connect(jp_fetch, connect, manager, events):
