@@ -320,7 +320,7 @@ class CkptManager(LoggingConfigurable):
         except (SuspendFailed, CkptError, OSError) as exc:
             km.ckpt_states.pop(kernel_id, None)
             if recorded:
-                await asyncio.to_thread(self._forget_record, kernel_id)
+                await asyncio.to_thread(self._undo_record, kernel_id)
             if image_id is not None:
                 await asyncio.to_thread(self._forget_image, image_id)
             self.record_failure("suspend", kernel_id, trigger, exc, started)
@@ -372,9 +372,17 @@ class CkptManager(LoggingConfigurable):
             self.log.info("Retention removed %d image(s), %d bytes", len(removed), freed)
         return removed
 
-    def _forget_record(self, kernel_id: str) -> None:
+    def _undo_record(self, kernel_id: str) -> None:
+        """Put back what an aborted suspend's record replaced: no record, or the one that
+        pins the image of the kernel's failed restore."""
+        failed = self.kernel_manager.failed_restores.get(kernel_id)
         try:
-            self.records.delete(kernel_id)
+            if failed is None:
+                self.records.delete(kernel_id)
+            else:
+                self.records.put(
+                    {k: v for k, v in failed.items() if k not in ("state", "restore_error")}
+                )
         except (CkptError, OSError) as exc:
             self.log.warning("could not remove the record of kernel %s: %s", kernel_id, exc)
 

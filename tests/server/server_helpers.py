@@ -7,6 +7,7 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -130,6 +131,16 @@ async def start_session(jp_fetch: Any, path: str = "work.ipynb") -> tuple[str, s
 
 async def get_json(jp_fetch: Any, *parts: str) -> Any:
     return json.loads((await jp_fetch(*parts)).body)
+
+
+def alter_chunks(manager: Any) -> dict[Path, bytes]:
+    """Alter every chunk of the manager's (local) store; their original bytes."""
+    originals = {}
+    for chunk in Path(manager.store.backend.url).rglob("*"):
+        if "chunks" in chunk.parts and chunk.is_file():
+            originals[chunk] = chunk.read_bytes()
+            chunk.write_bytes(b"altered" + originals[chunk][7:])
+    return originals
 
 
 async def fails_with(status: int, jp_fetch: Any, *parts: str, **kwargs: Any) -> str:

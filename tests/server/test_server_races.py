@@ -9,12 +9,11 @@ import json
 import os
 import signal
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from jupyter_ckpt_server.manager import CkptManager, SuspendFailed
-from server_helpers import fails_with, get_json, poll, start_session, text_of
+from server_helpers import alter_chunks, fails_with, get_json, poll, start_session, text_of
 
 SUSPEND_STEPS = ["kernel_info", "checkpoint", "verify", "record", "recorded"]
 
@@ -66,6 +65,20 @@ async def test_a_cell_run_at_any_step_of_a_suspend_aborts_it(step, jp_fetch, con
     manager.step_hook = None
     reply, outputs = await client.execute("print(n)")
     assert text_of(outputs) == "2\n", "the kernel keeps the state the cell left"
+
+
+async def test_an_aborted_suspend_keeps_the_pin_of_a_failed_restore(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("old = 1")
+    image_id = (await manager.suspend(kernel_id))["id"]
+    alter_chunks(manager)
+    await manager.restore(kernel_id)
+    client = await connect(kernel_id)
+    at_step(manager, "recorded", lambda: client.execute("new = 2"))
+    with pytest.raises(SuspendFailed, match="a client used the kernel"):
+        await manager.suspend(kernel_id)
+    assert manager.records.get(kernel_id)["image_id"] == image_id
+    assert manager.kernel_manager.kernel_model(kernel_id)["ckpt"]["state"] == "restore-failed"
 
 
 async def test_a_control_message_during_the_record_write_aborts_the_suspend(
@@ -203,12 +216,10 @@ async def test_an_image_that_fails_verification_is_removed(jp_fetch, connect, ma
     _, kernel_id = await start_session(jp_fetch)
     await (await connect(kernel_id)).execute("data = list(range(1000))")
 
-    async def alter_chunks() -> None:
-        for chunk in Path(manager.store.backend.url).rglob("*"):
-            if "chunks" in chunk.parts and chunk.is_file():
-                chunk.write_bytes(b"altered" + chunk.read_bytes()[7:])
+    async def alter() -> None:
+        alter_chunks(manager)
 
-    at_step(manager, "verify", alter_chunks)
+    at_step(manager, "verify", alter)
     message = await fails_with(
         409, jp_fetch, "api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body=""
     )

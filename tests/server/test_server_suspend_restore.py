@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from pathlib import Path
 
 import pytest
-from jupyter_ckpt_server.manager import CkptManager, SuspendFailed
-from server_helpers import fails_with, get_json, poll, start_session, text_of
+from jupyter_ckpt_server.manager import SuspendFailed
+from server_helpers import alter_chunks, fails_with, get_json, poll, start_session, text_of
 
 WHERE = "import os; print(os.getcwd(), os.environ['JPY_SESSION_NAME'], os.environ['RUN'])"
 
@@ -127,16 +126,6 @@ async def test_a_failed_restore_starts_the_kernel_and_says_what_is_missing(
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     assert manager.records.all() == ({}, {})
     await jp_fetch("api", "ckpt", "images", image_id, method="DELETE")
-
-
-def alter_chunks(manager: CkptManager) -> dict[Path, bytes]:
-    """Alter every chunk of the store; their original bytes."""
-    originals = {}
-    for chunk in Path(manager.store.backend.url).rglob("*"):
-        if "chunks" in chunk.parts and chunk.is_file():
-            originals[chunk] = chunk.read_bytes()
-            chunk.write_bytes(b"altered" + originals[chunk][7:])
-    return originals
 
 
 async def test_resuming_the_image_of_a_failed_restore_releases_it(jp_fetch, connect, manager):
