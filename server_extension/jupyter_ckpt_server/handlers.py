@@ -1,7 +1,8 @@
 """REST API ``/api/ckpt/...`` (DESIGN section 5). Thin: parse, authorize, call the manager.
 
 Authenticated and authorized like the kernels API (resource ``kernels``: GET needs read,
-POST and DELETE need write). Polling the status and image listings does not count as user
+POST and DELETE need write); resuming an image also needs write on ``sessions``, since it
+may create a notebook session. Polling the status and image listings does not count as user
 activity, so a panel left open does not keep an idle server alive.
 """
 
@@ -114,6 +115,7 @@ class ImageHandler(_Polled):
 class ResumeHandler(CkptAPIHandler):
     @web.authenticated
     @authorized
+    @authorized(resource="sessions")
     @_http_errors
     async def post(self, ref: str) -> None:
         body = self.json_body()

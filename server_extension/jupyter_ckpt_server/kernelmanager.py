@@ -9,6 +9,11 @@ keeps a suspended kernel's id, model and sessions alive with no change to any ha
 
 A suspended kernel has no ``KernelManager`` object (its process is gone); it is a record in
 :attr:`CkptKernelManager.suspended`. ``in`` and the models cover both kinds.
+
+The kernels API's actions (restart, shutdown, interrupt) first let the checkpoint manager
+settle a suspend or restore in progress (:attr:`CkptKernelManager.before_action`), so that
+each ends in the state the user asked for rather than the one the suspend or restore was
+heading to.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 
 # The id of the kernel that a restore is starting in the current task. jupyter_server and
@@ -46,8 +52,15 @@ class CkptKernelManager(AsyncMappingKernelManager):
         self.ckpt_states: dict[str, str] = {}
         # kernel id -> clients connected to it while it is suspended
         self.suspended_connections: dict[str, int] = {}
+        # kernel id -> the record of a kernel running without its image because the
+        # restore failed; the record (and so the image's pin) stays until the kernel is
+        # shut down, restarted, suspended again or its image resumed elsewhere
+        self.failed_restores: dict[str, dict[str, Any]] = {}
         # called when a suspended kernel is shut down for good (drops its record)
         self.on_discard: Callable[[str], Awaitable[None]] | None = None
+        # awaited with (kernel id, "shutdown" | "restart" | "interrupt") before the action:
+        # aborts or waits for a suspend or restore of that kernel in progress
+        self.before_action: Callable[[str, str], Awaitable[None]] | None = None
 
     def __contains__(self, kernel_id: object) -> bool:
         if kernel_id in self._kernels:
@@ -91,6 +104,14 @@ class CkptKernelManager(AsyncMappingKernelManager):
     def ckpt_field(self, kernel_id: str) -> dict[str, Any]:
         record = self.suspended.get(kernel_id)
         if record is None:
+            failed = self.failed_restores.get(kernel_id)
+            if failed is not None and kernel_id not in self.ckpt_states:
+                return {
+                    "state": "restore-failed",
+                    "image": failed["image_id"],
+                    "suspended_at": failed["suspended_at"],
+                    "error": failed["restore_error"],
+                }
             return {"state": self.ckpt_states.get(kernel_id, "running")}
         return {
             "state": record["state"],
@@ -156,31 +177,51 @@ class CkptKernelManager(AsyncMappingKernelManager):
 
     start_kernel = _async_start_kernel  # type: ignore[assignment]
 
+    async def _settle(self, kernel_id: str, action: str) -> None:
+        if self.before_action is not None:
+            await self.before_action(kernel_id, action)
+
+    async def _discard(self, kernel_id: str) -> None:
+        """The kernel's record is no longer needed: the user gave its state up."""
+        if self.on_discard is not None:
+            await self.on_discard(kernel_id)
+        self.suspended.pop(kernel_id, None)
+        self.failed_restores.pop(kernel_id, None)
+
     async def _async_shutdown_kernel(  # type: ignore[override]
         self, kernel_id: str, now: bool = False, restart: bool = False
     ) -> None:
+        await self._settle(kernel_id, "shutdown")
         if self._has_no_process(kernel_id):
-            if self.on_discard is not None:
-                await self.on_discard(kernel_id)
-            self.suspended.pop(kernel_id, None)
+            await self._discard(kernel_id)
             return
+        if kernel_id in self.failed_restores or kernel_id in self.suspended:
+            await self._discard(kernel_id)  # a restore that failed or was aborted
+        await self.stop_process(kernel_id, now=now, restart=restart)
+
+    shutdown_kernel = _async_shutdown_kernel  # type: ignore[assignment]
+
+    async def stop_process(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:
+        """Shut the kernel's process down and keep any record: a suspend's last step."""
         self.launch.pop(kernel_id, None)
         self.ckpt_states.pop(kernel_id, None)
         await super()._async_shutdown_kernel(kernel_id, now=now, restart=restart)
 
-    shutdown_kernel = _async_shutdown_kernel  # type: ignore[assignment]
-
     async def _async_interrupt_kernel(self, kernel_id: str) -> None:
-        if self.is_suspended(kernel_id):
+        await self._settle(kernel_id, "interrupt")
+        if self._has_no_process(kernel_id):
             return  # nothing runs in a suspended kernel
-        await super()._async_interrupt_kernel(kernel_id)
+        await ensure_async(super().interrupt_kernel(kernel_id))
 
     interrupt_kernel = _async_interrupt_kernel  # type: ignore[assignment]
 
     async def _async_restart_kernel(self, kernel_id: str, now: bool = False) -> Any:
         """Restarting a suspended kernel means starting it fresh: its state is dropped,
         as a restart drops a running kernel's state."""
+        await self._settle(kernel_id, "restart")
         if not self._has_no_process(kernel_id):
+            if kernel_id in self.failed_restores or kernel_id in self.suspended:
+                await self._discard(kernel_id)
             return await super()._async_restart_kernel(kernel_id, now=now)
         record = self.suspended[kernel_id]
         await self._async_shutdown_kernel(kernel_id)

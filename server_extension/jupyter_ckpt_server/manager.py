@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
 from typing import Any
 
+from jupyter_core.utils import ensure_async
 from traitlets import Any as AnyTrait
 from traitlets import Float, Instance
 from traitlets.config import LoggingConfigurable
@@ -31,11 +32,26 @@ from jupyter_ckpt.store import ImageStore
 from .kernelmanager import CkptKernelManager, restoring
 from .policy import SuspendPolicy
 
+# seconds between two checks that a kernel we wait for is still alive
+_LIVENESS_POLL = 1.0
+
 _CALL = "__import__('json').dumps(__import__('jupyter_ckpt.kernel').kernel.{call})"
 
 
 class SuspendFailed(CkptError):
     """A kernel could not be checkpointed or suspended; it keeps running."""
+
+
+class Aborted(SuspendFailed):
+    """A client or a kernels-API action needed the kernel: the suspend or restore stops."""
+
+
+# what a kernels-API action tells a suspend or restore in progress
+_ACTIONS = {
+    "shutdown": "the kernel was shut down",
+    "restart": "the kernel was restarted",
+    "interrupt": "the kernel was interrupted",
+}
 
 
 def _now() -> str:
@@ -68,6 +84,14 @@ class CkptManager(LoggingConfigurable):
     kernel_manager = Instance(CkptKernelManager)
     probe = Instance(GpuProbe, args=())
     emit = AnyTrait(help="callable(data): emit one jupyter_ckpt event")
+    step_hook = AnyTrait(
+        None,
+        allow_none=True,
+        help="""async callable(step, kernel_id), awaited before each awaited step of a
+        suspend (kernel_info, checkpoint, verify, record), after its record is written
+        (recorded) and before a restore loads the image (restore): widens each window
+        for fault-injection tests.""",
+    )
 
     gpu_release_timeout = Float(
         10, help="Seconds to wait for a suspended kernel's GPU memory to be released."
@@ -79,18 +103,24 @@ class CkptManager(LoggingConfigurable):
         # kernel id -> why its last checkpoint or suspend failed (shown in status)
         self.failures: dict[str, dict[str, Any]] = {}
         self._suspending: dict[str, asyncio.Task[dict[str, Any]]] = {}
-        self._interrupted: set[str] = set()
         # kernel id -> messages clients sent it (tells a check's own traffic from a user's)
         self.client_messages: Counter[str] = Counter()
         self._restores: dict[str, asyncio.Task[dict[str, Any]]] = {}
+        # kernel id -> why its suspend (or restore) in progress must stop before it commits
+        self._suspend_aborts: dict[str, str] = {}
+        self._restore_aborts: dict[str, str] = {}
         self.restore_count = 0
         self.kernel_manager.on_discard = self.discard
+        self.kernel_manager.before_action = self.settle
 
     # -- talking to a kernel --------------------------------------------------------------
 
     async def _request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
-        """Send one shell request on a private client and return its reply's content."""
+        """Send one shell request on a private client and return its reply's content.
+        Fails as soon as the kernel's process dies or is replaced (an automatic restart
+        loses the state and the request with it), not only after ``timeout``."""
         kernel = self.kernel_manager.get_kernel(kernel_id)
+        pid = self.kernel_pid(kernel_id)
         client = kernel.client()
         client.start_channels(iopub=False, stdin=False, hb=False, control=False)
         loop = asyncio.get_running_loop()
@@ -98,11 +128,18 @@ class CkptManager(LoggingConfigurable):
         try:
             msg_id = getattr(client, send)(**kw)
             while True:
-                reply = await client.get_shell_msg(timeout=max(0.01, deadline - loop.time()))
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise SuspendFailed(f"the kernel did not answer within {timeout:.0f} s")
+                try:
+                    reply = await client.get_shell_msg(timeout=min(left, _LIVENESS_POLL))
+                except queue.Empty:
+                    alive = await ensure_async(kernel.is_alive())
+                    if not alive or self.kernel_pid(kernel_id) != pid:
+                        raise SuspendFailed("the kernel's process died") from None
+                    continue
                 if reply["parent_header"].get("msg_id") == msg_id:
                     return reply["content"]
-        except queue.Empty:
-            raise SuspendFailed(f"the kernel did not answer within {timeout:.0f} s") from None
         finally:
             client.stop_channels()
 
@@ -145,11 +182,20 @@ class CkptManager(LoggingConfigurable):
 
     # -- checkpoint and suspend -----------------------------------------------------------
 
+    def _timeout(self, deadline: float | None) -> float:
+        """Seconds one step may take: the policy's, capped by the caller's deadline."""
+        timeout = self.policy.checkpoint_timeout
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+        if timeout <= 0:
+            raise SuspendFailed("no time left before the deadline")
+        return timeout
+
     async def checkpoint(self, kernel_id: str, name: str | None = None) -> dict[str, Any]:
         """Write an image now; the kernel keeps running."""
         started = time.perf_counter()
         try:
-            summary = await self._write_image(kernel_id, name)
+            summary = await self._write_image(kernel_id, name, self._timeout(None))
         except SuspendFailed as exc:
             self.record_failure("checkpoint", kernel_id, "api", exc, started)
             raise
@@ -157,34 +203,80 @@ class CkptManager(LoggingConfigurable):
         await self.enforce_retention()
         return summary
 
-    async def _write_image(self, kernel_id: str, name: str | None) -> dict[str, Any]:
+    async def _write_image(
+        self, kernel_id: str, name: str | None, timeout: float
+    ) -> dict[str, Any]:
         if not self.kernel_manager.is_running(kernel_id):
             raise SuspendFailed(f"kernel {kernel_id} is not running")
-        call = f"checkpoint({name!r})"
-        summary = await self.kernel_call(kernel_id, call, self.policy.checkpoint_timeout)
+        await self._hooked("checkpoint", kernel_id)
+        summary = await self.kernel_call(kernel_id, f"checkpoint({name!r})", timeout)
+        await self._hooked("verify", kernel_id)
         try:
             await asyncio.to_thread(self.store.verify, summary["id"])
         except CkptError as exc:
-            raise SuspendFailed(f"the image failed verification: {exc}") from exc
+            # a broken image must not be offered for restore or resume
+            await asyncio.to_thread(self._forget_image, summary["id"])
+            raise SuspendFailed(f"the image failed verification and was removed: {exc}") from exc
         return summary
 
-    async def suspend(self, kernel_id: str, trigger: str = "api") -> dict[str, Any]:
+    async def suspend(
+        self, kernel_id: str, trigger: str = "api", timeout: float | None = None
+    ) -> dict[str, Any]:
         """Write the kernel's image, record it, shut the kernel down; raise SuspendFailed
-        (the kernel keeps running) if any step fails. One suspend per kernel at a time."""
+        (the kernel keeps running) if any step fails or another caller needs the kernel
+        meanwhile. One suspend per kernel at a time; ``timeout`` caps the whole of it."""
         if kernel_id not in self._suspending:
-            self._interrupted.discard(kernel_id)
-        return await _shared(self._suspending, kernel_id, lambda: self._suspend(kernel_id, trigger))
+            self._suspend_aborts.pop(kernel_id, None)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return await _shared(
+            self._suspending, kernel_id, lambda: self._suspend(kernel_id, trigger, deadline)
+        )
 
     def note_client_message(self, kernel_id: str) -> None:
-        """A client sent the kernel a message: a suspend in progress must not shut it down."""
+        """A client sent the kernel a message (any channel): a suspend in progress must not
+        shut the kernel down, or the message would be lost."""
         self.client_messages[kernel_id] += 1
         if kernel_id in self._suspending:
-            self._interrupted.add(kernel_id)
+            self._suspend_aborts.setdefault(
+                kernel_id, "a client used the kernel while it was being suspended"
+            )
 
-    async def _suspend(self, kernel_id: str, trigger: str) -> dict[str, Any]:
+    async def settle(self, kernel_id: str, action: str) -> None:
+        """Before a kernels-API action: stop a suspend in progress at its next step (the
+        kernel keeps running), make a restore skip its image on shutdown or restart, and
+        wait for both, so the action applies to a kernel in a settled state."""
+        why = _ACTIONS[action]
+        suspending = self._suspending.get(kernel_id)
+        if suspending is not None:
+            self._suspend_aborts.setdefault(kernel_id, why)
+        restoring = self._restores.get(kernel_id)
+        if restoring is not None and action != "interrupt":
+            self._restore_aborts.setdefault(kernel_id, why)
+        for task in (suspending, restoring):
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(task)
+
+    def aborting(self, kernel_id: str) -> str | None:
+        """Why the suspend or restore of the kernel in progress is being aborted, if it is."""
+        return self._suspend_aborts.get(kernel_id) or self._restore_aborts.get(kernel_id)
+
+    async def _hooked(self, step: str, kernel_id: str) -> None:
+        if self.step_hook is not None:
+            await self.step_hook(step, kernel_id)
+
+    def _check(self, aborts: dict[str, str], kernel_id: str) -> None:
+        why = aborts.get(kernel_id)
+        if why is not None:
+            raise Aborted(why)
+
+    async def _suspend(
+        self, kernel_id: str, trigger: str, deadline: float | None
+    ) -> dict[str, Any]:
         km = self.kernel_manager
         started = time.perf_counter()
         image_id = None
+        recorded = False
         try:
             if km.is_suspended(kernel_id):
                 raise SuspendFailed(f"kernel {kernel_id} is already suspended")
@@ -193,19 +285,25 @@ class CkptManager(LoggingConfigurable):
             kernel = km.get_kernel(kernel_id)
             if kernel.execution_state == "busy":
                 raise SuspendFailed("the kernel is busy")
+            if not await ensure_async(kernel.is_alive()):
+                raise SuspendFailed("the kernel's process has died: there is no state to save")
             km.ckpt_states[kernel_id] = "suspending"
-            info = await self._request(kernel_id, "kernel_info", 30)
+            # After every await up to the shutdown, a client message, restart, interrupt
+            # or shutdown that arrived meanwhile aborts the suspend (see settle()).
+            self._check(self._suspend_aborts, kernel_id)
+            await self._hooked("kernel_info", kernel_id)
+            info = await self._request(kernel_id, "kernel_info", self._timeout(deadline))
+            self._check(self._suspend_aborts, kernel_id)
             usage = self.gpu_usage(kernel_id)
-            summary = await self._write_image(kernel_id, None)
+            summary = await self._write_image(kernel_id, None, self._timeout(deadline))
             image_id = summary["id"]
+            self._check(self._suspend_aborts, kernel_id)
             # at shutdown the state is lost anyway: keep what can be kept
             if summary["lost"] and self.policy.on_unsaveable == "keep" and trigger != "shutdown":
                 raise SuspendFailed(
                     "variables cannot be saved (on_unsaveable=keep): "
                     + _describe_lost(summary["lost"])
                 )
-            if kernel_id in self._interrupted:
-                raise SuspendFailed("a client used the kernel while it was being suspended")
             launch = km.launch.get(kernel_id, {})
             record = {
                 "kernel_id": kernel_id,
@@ -220,22 +318,31 @@ class CkptManager(LoggingConfigurable):
                 "gpu": usage.to_json(),
                 "lost": summary["lost"],
             }
+            await self._hooked("record", kernel_id)
             await asyncio.to_thread(self.records.put, record)
+            recorded = True
+            await self._hooked("recorded", kernel_id)
+            # the last check: no await from here until the process is told to stop
+            self._check(self._suspend_aborts, kernel_id)
         except (SuspendFailed, CkptError, OSError) as exc:
             km.ckpt_states.pop(kernel_id, None)
+            if recorded:
+                await asyncio.to_thread(self._undo_record, kernel_id)
             if image_id is not None:
                 await asyncio.to_thread(self._forget_image, image_id)
             self.record_failure("suspend", kernel_id, trigger, exc, started)
-            raise SuspendFailed(str(exc)) from exc
+            raise (exc if isinstance(exc, SuspendFailed) else SuspendFailed(str(exc))) from exc
+        finally:
+            self._suspend_aborts.pop(kernel_id, None)
         pid_tree = self.probe.process_tree(self.kernel_pid(kernel_id) or 0)
         # listed as suspended before the process goes, so the id never leaves the listing
         km.suspended[kernel_id] = {**record, "state": "suspended"}
+        km.failed_restores.pop(kernel_id, None)  # the new record replaced the old one
         self.failures.pop(kernel_id, None)
         # Clients reconnect at once and find the kernel suspended (is_suspended holds from
         # here on), so they never attach to the process that is shutting down.
         self._close_clients(kernel_id)
-        await km.shutdown_kernel(kernel_id, now=False)
-        km.launch.pop(kernel_id, None)
+        await km.stop_process(kernel_id, now=False)
         release = await self._wait_gpu_released(pid_tree) if usage.holds_gpu else 0.0
         self.record_event(
             "suspend",
@@ -271,6 +378,20 @@ class CkptManager(LoggingConfigurable):
         if removed:
             self.log.info("Retention removed %d image(s), %d bytes", len(removed), freed)
         return removed
+
+    def _undo_record(self, kernel_id: str) -> None:
+        """Put back what an aborted suspend's record replaced: no record, or the one that
+        pins the image of the kernel's failed restore."""
+        failed = self.kernel_manager.failed_restores.get(kernel_id)
+        try:
+            if failed is None:
+                self.records.delete(kernel_id)
+            else:
+                self.records.put(
+                    {k: v for k, v in failed.items() if k not in ("state", "restore_error")}
+                )
+        except (CkptError, OSError) as exc:
+            self.log.warning("could not remove the record of kernel %s: %s", kernel_id, exc)
 
     def _forget_image(self, image_id: str) -> None:
         try:
@@ -316,11 +437,11 @@ class CkptManager(LoggingConfigurable):
         if suspending is not None:  # let its shutdown finish before starting the kernel again
             with contextlib.suppress(SuspendFailed):
                 await asyncio.shield(suspending)
-        record = km.suspended.get(kernel_id)
-        if record is None:
+        if not km.is_suspended(kernel_id):
             if km.is_running(kernel_id):  # restored already, for another client
                 return {"kernel_id": kernel_id, "image_id": None, "error": None}
             raise SuspendFailed(f"kernel {kernel_id} is not suspended")
+        record = km.suspended[kernel_id]
         record["state"] = "restoring"
         token = restoring.set(kernel_id)
         try:
@@ -339,20 +460,32 @@ class CkptManager(LoggingConfigurable):
         self.restore_count += 1
         report: dict[str, Any] = {"kernel_id": kernel_id, "image_id": record["image_id"]}
         try:
+            self._check(self._restore_aborts, kernel_id)
             await self._wait_ready(kernel_id)
+            await self._hooked("restore", kernel_id)
+            self._check(self._restore_aborts, kernel_id)
             call = f"restore({record['image_id']!r})"
             report.update(await self.kernel_call(kernel_id, call, self.policy.checkpoint_timeout))
             report["error"] = None
+        except Aborted as exc:
+            # the shutdown or restart that aborted the restore drops the record
+            self.record_failure("restore", kernel_id, trigger, exc, started)
+            return {**report, "error": str(exc), "restored": [], "missing": {}}
         except (SuspendFailed, CkptError, RuntimeError, TimeoutError) as exc:
             report.update(error=str(exc), restored=[], missing=self._saved_names(record))
+        finally:
+            self._restore_aborts.pop(kernel_id, None)
         await self._settled(kernel_id)
         km.suspended.pop(kernel_id, None)
-        await asyncio.to_thread(self.records.delete, kernel_id)
         if report["error"]:
+            # The kernel runs without its state; the record stays, and with it the image's
+            # pin, so that retention and DELETE keep the image for a retry or a resume.
+            km.failed_restores[kernel_id] = {**record, "restore_error": report["error"]}
             self.record_failure(
                 "restore", kernel_id, trigger, SuspendFailed(report["error"]), started
             )
         else:
+            await asyncio.to_thread(self.records.delete, kernel_id)
             self.record_event("restore", kernel_id, trigger, started, report)
         return report
 
@@ -386,6 +519,14 @@ class CkptManager(LoggingConfigurable):
     async def discard(self, kernel_id: str) -> None:
         """A suspended kernel was shut down for good: drop its record (the image stays)."""
         await asyncio.to_thread(self.records.delete, kernel_id)
+
+    async def release_image(self, image_id: str) -> None:
+        """The image was resumed: kernels whose restore of it failed no longer pin it."""
+        km = self.kernel_manager
+        for kernel_id, record in list(km.failed_restores.items()):
+            if record["image_id"] == image_id:
+                km.failed_restores.pop(kernel_id, None)
+                await self.discard(kernel_id)
 
     async def load_records(self) -> None:
         """List the kernels suspended by an earlier run of the server."""

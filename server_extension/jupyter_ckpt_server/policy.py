@@ -139,7 +139,6 @@ class SuspendPolicy(Configurable):
         check_interval). A kernel that does not answer counts as busy.""",
     ).tag(config=True)
 
-
     @default("stop_grace_period")
     def _stop_grace_period_from_env(self) -> float:
         value = os.environ.get(STOP_GRACE_ENV, "0")

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
+from jupyter_server.utils import ApiPath, to_os_path
+
 from jupyter_ckpt import compat
+from jupyter_ckpt.errors import InvalidReference
 
 from .manager import CkptManager, SuspendFailed
 from .monitor import IdleMonitor
@@ -46,6 +50,14 @@ def _gpu_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:
     return {"model": first.get("name"), "memory_bytes": held}
 
 
+def check_path(path: str, root_dir: str) -> None:
+    """Refuse a notebook path that leads outside the server's root directory."""
+    root = os.path.realpath(root_dir)
+    target = os.path.realpath(to_os_path(ApiPath(path), root))
+    if os.path.commonpath([root, target]) != root:
+        raise InvalidReference(f"path {path!r} is outside the server's root directory")
+
+
 class CkptService:
     """Images, resume, suspend-all and status for the REST handlers."""
 
@@ -63,9 +75,16 @@ class CkptService:
         return self._node
 
     def _image_states(self) -> dict[str, dict[str, str]]:
+        km = self.manager.kernel_manager
         return {
-            r["image_id"]: {"state": "suspended", "kernel_id": k}
-            for k, r in self.manager.kernel_manager.suspended.items()
+            **{
+                r["image_id"]: {"state": "restore-failed", "kernel_id": k}
+                for k, r in km.failed_restores.items()
+            },
+            **{
+                r["image_id"]: {"state": "suspended", "kernel_id": k}
+                for k, r in km.suspended.items()
+            },
         }
 
     async def list_images(self) -> list[dict[str, Any]]:
@@ -110,6 +129,8 @@ class CkptService:
         manager = self.manager
         km = manager.kernel_manager
         started = time.perf_counter()
+        if path is not None:
+            check_path(path, km.root_dir)
         image_id = await asyncio.to_thread(manager.store.resolve, ref)
         kernel_id = await km.start_kernel(kernel_name=kernel_name, path=path)
         try:
@@ -125,6 +146,7 @@ class CkptService:
             session = await self.session_manager.create_session(
                 path=path, name=path, type="notebook", kernel_id=kernel_id
             )
+        await manager.release_image(image_id)
         manager.record_event("resume", kernel_id, "api", started, report)
         return {"kernel": km.kernel_model(kernel_id), "session": session, "restore": report}
 
@@ -135,7 +157,10 @@ class CkptService:
         excluded = set(manager.policy.exclude_kernel_names)
         km = manager.kernel_manager
         kernel_ids = [k for k in km.running_ids() if km.get_kernel(k).kernel_name not in excluded]
-        tasks = {k: asyncio.ensure_future(manager.suspend(k, trigger=trigger)) for k in kernel_ids}
+        tasks = {
+            k: asyncio.ensure_future(manager.suspend(k, trigger=trigger, timeout=timeout))
+            for k in kernel_ids
+        }
         if tasks:
             await asyncio.wait(tasks.values(), timeout=timeout)
         suspended, failed = [], {}

@@ -185,7 +185,9 @@ def restore_message(report: dict[str, Any]) -> str:
     if report.get("error"):
         lines.append(
             f"jupyter-ckpt: restoring image {report['image_id']} failed: {report['error']}. "
-            "The kernel started without it; the image is kept."
+            "The kernel started without it; the image is kept, and protected from deletion "
+            "until this kernel is shut down or restarted: load it again with "
+            f"%ckpt restore {report['image_id']} or resume it from the saved sessions."
         )
     missing = report.get("missing") or {}
     if missing:

@@ -14,10 +14,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
+import pytest
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
+from jupyter_server.auth.authorizer import Authorizer
 from jupyter_server.services.kernels.connection.base import (
     deserialize_msg_from_ws_v1,
     serialize_msg_to_ws_v1,
@@ -79,12 +81,14 @@ class Client:
         self.received.append(msg)
         return msg
 
-    async def reply_to(self, msg_id: str, timeout: float = 60) -> dict[str, Any]:
-        """The shell reply to ``msg_id``; iopub messages meanwhile stay in ``received``."""
+    async def reply_to(
+        self, msg_id: str, timeout: float = 60, channel: str = "shell"
+    ) -> dict[str, Any]:
+        """The reply to ``msg_id``; iopub messages meanwhile stay in ``received``."""
         deadline = time.monotonic() + timeout
         while True:
             msg = await self.receive(max(0.1, deadline - time.monotonic()))
-            if msg["channel"] == "shell" and msg["parent_header"].get("msg_id") == msg_id:
+            if msg["channel"] == channel and msg["parent_header"].get("msg_id") == msg_id:
                 return msg
 
     async def execute(self, code: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -264,6 +268,24 @@ async def get_json(jp_fetch: Any, *parts: str) -> Any:
     return json.loads((await jp_fetch(*parts)).body)
 
 
+def alter_chunks(manager: Any) -> dict[Path, bytes]:
+    """Alter every chunk of the manager's (local) store; their original bytes."""
+    originals = {}
+    for chunk in Path(manager.store.backend.url).rglob("*"):
+        if "chunks" in chunk.parts and chunk.is_file():
+            originals[chunk] = chunk.read_bytes()
+            chunk.write_bytes(b"altered" + originals[chunk][7:])
+    return originals
+
+
+async def fails_with(status: int, jp_fetch: Any, *parts: str, **kwargs: Any) -> str:
+    """The error message of a request that must fail with HTTP ``status``."""
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch(*parts, **kwargs)
+    assert info.value.code == status, info.value.response.body
+    return json.loads(info.value.response.body).get("message", "")
+
+
 class FunctionNotFound(Exception):
     """What pynvml raises for an entry point the driver lacks."""
 
@@ -357,3 +379,12 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
         return SimpleNamespace(gpu=self.device_utilization.get(handle, 0), memory=0)
+
+
+class DenyingAuthorizer(Authorizer):
+    """Allows every action except on the resources a test lists in ``denied``."""
+
+    denied: ClassVar[set[str]] = set()
+
+    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
+        return resource not in self.denied

@@ -3,18 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
-import pytest
-from server_helpers import get_json, poll, start_session, text_of
-from tornado.httpclient import HTTPClientError
-
-
-async def fails_with(status: int, jp_fetch: Any, *parts: str, **kwargs: Any) -> str:
-    with pytest.raises(HTTPClientError) as info:
-        await jp_fetch(*parts, **kwargs)
-    assert info.value.code == status, info.value.response.body
-    return json.loads(info.value.response.body).get("message", "")
+from server_helpers import fails_with, get_json, poll, start_session, text_of
 
 
 async def test_checkpoint_list_show_delete(jp_fetch, connect, events):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from pathlib import Path
 
 import pytest
 from jupyter_ckpt_server.manager import SuspendFailed
-from server_helpers import get_json, poll, start_session, text_of
+from server_helpers import alter_chunks, fails_with, get_json, poll, start_session, text_of
 
 WHERE = "import os; print(os.getcwd(), os.environ['JPY_SESSION_NAME'], os.environ['RUN'])"
 
@@ -97,10 +96,7 @@ async def test_a_failed_restore_starts_the_kernel_and_says_what_is_missing(
     client = await connect(kernel_id)
     await client.execute("weights = list(range(5000))\nname = 'run-7'")
     image_id = (await manager.suspend(kernel_id))["id"]
-    store = Path(manager.store.backend.url)
-    for chunk in (store / "chunks").rglob("*"):
-        if chunk.is_file():
-            chunk.write_bytes(b"altered" + chunk.read_bytes()[7:])
+    alter_chunks(manager)
 
     client = await connect(kernel_id, v1=True)
     reply, outputs = await client.execute("print('running')")
@@ -109,10 +105,44 @@ async def test_a_failed_restore_starts_the_kernel_and_says_what_is_missing(
     assert f"restoring image {image_id} failed" in shown and "altered" in shown
     assert "weights:" in shown and "name:" in shown
     assert shown.endswith("running\n")
-    assert manager.kernel_manager.kernel_model(kernel_id)["ckpt"]["state"] == "running"
-    assert manager.store.image_ids() == [image_id], "the image is kept"
+    ckpt = (await get_json(jp_fetch, "api", "kernels", kernel_id))["ckpt"]
+    assert (ckpt["state"], ckpt["image"]) == ("restore-failed", image_id)
+    assert "altered" in ckpt["error"]
     restore = next(e for e in events if e["action"] == "restore")
     assert restore["status"] == "error" and "altered" in restore["msg"]
+
+    # the record, and so the image's pin, stays: neither retention nor DELETE removes it
+    assert manager.records.get(kernel_id)["image_id"] == image_id
+    await manager.checkpoint(kernel_id, "newer")
+    manager.store.max_images = 1
+    await manager.enforce_retention()
+    assert image_id in manager.store.image_ids(), "retention keeps the pinned image"
+    message = await fails_with(409, jp_fetch, "api", "ckpt", "images", image_id, method="DELETE")
+    assert kernel_id in message
+    images = await get_json(jp_fetch, "api", "ckpt", "images")
+    assert {i["id"]: i["state"] for i in images}[image_id] == "restore-failed"
+
+    # shutting the kernel down releases the image
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    assert manager.records.all() == ({}, {})
+    await jp_fetch("api", "ckpt", "images", image_id, method="DELETE")
+
+
+async def test_resuming_the_image_of_a_failed_restore_releases_it(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("kept = 'yes'")
+    image_id = (await manager.suspend(kernel_id))["id"]
+    originals = alter_chunks(manager)
+    await manager.restore(kernel_id)
+    assert manager.kernel_manager.kernel_model(kernel_id)["ckpt"]["state"] == "restore-failed"
+    for chunk, data in originals.items():  # the store is repaired
+        chunk.write_bytes(data)
+
+    r = await jp_fetch("api", "ckpt", "images", image_id, "resume", method="POST", body="{}")
+    resumed = json.loads(r.body)
+    assert resumed["restore"]["restored"] == ["kept"]
+    assert manager.records.all() == ({}, {}), "the state is back: the pin goes"
+    assert manager.kernel_manager.kernel_model(kernel_id)["ckpt"]["state"] == "running"
 
 
 async def test_restore_on_connect(jp_fetch, connect, manager, events):
