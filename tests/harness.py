@@ -115,8 +115,26 @@ class Kernel:
 def save_namespace(
     store: ImageStore, namespace: dict[str, Any], name: str = "test"
 ) -> dict[str, Any]:
-    """Capture every variable of ``namespace`` (as a kernel would); return the manifest."""
-    return image.capture(dict(namespace), namespace, store.writer(), name=name)
+    """Capture every variable of ``namespace`` (as a kernel would); return the manifest.
+    The manifest must account for every variable, each one saved or imported."""
+    manifest = image.capture(dict(namespace), namespace, store.writer(), name=name)
+    statuses = {v["name"]: v["status"] for v in manifest["variables"]}
+    assert statuses.keys() == namespace.keys(), "the manifest's variables are not the namespace's"
+    assert image_names(manifest) == set(namespace), f"not all saved: {statuses}"
+    return manifest
+
+
+def image_names(manifest: dict[str, Any]) -> set[str]:
+    """The names an image says it holds: its saved and imported variables."""
+    return {v["name"] for v in manifest["variables"] if v["status"] in ("saved", "imported")}
+
+
+def assert_complete(manifest: dict[str, Any], restored: set[str] | list[str]) -> None:
+    """What came back is exactly what the image says it holds, no name more or less."""
+    held = image_names(manifest)
+    assert set(restored) == held, (
+        f"missing: {sorted(held - set(restored))}, extra: {sorted(set(restored) - held)}"
+    )
 
 
 def load_namespace(store: ImageStore, ref: str) -> dict[str, Any]:
@@ -125,6 +143,8 @@ def load_namespace(store: ImageStore, ref: str) -> dict[str, Any]:
     namespace: dict[str, Any] = {}
     report = image.restore(manifest, store.read_segments(manifest), namespace)
     assert report.missing == {}
+    assert_complete(manifest, report.restored)
+    assert_complete(manifest, namespace)
     return namespace
 
 

@@ -10,7 +10,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from harness import BUCKET, CREDENTIALS, Kernel, Paths, load_namespace, save_namespace
+from harness import (
+    BUCKET,
+    CREDENTIALS,
+    Kernel,
+    Paths,
+    chunk_files,
+    load_namespace,
+    save_namespace,
+)
 
 from jupyter_ckpt.errors import IntegrityError
 from jupyter_ckpt.store import CHUNK_SIZE, ImageStore, chunk_hash, chunk_path
@@ -40,9 +48,14 @@ def test_round_trip_dedupe_and_gc(s3_store: ImageStore) -> None:
     assert second["sizes"]["written"] < first["sizes"]["written"] / 4
     assert s3_store.resolve("on-s3") == second["id"]
 
+    only_first = chunk_files(first) - chunk_files(second)
+    sizes = {p: len(s3_store.backend.read_bytes(p)) for p in only_first}
+    assert only_first, "the changed chunk and the first pickle are the first image's alone"
     s3_store.delete(first["id"])
     removed, freed = s3_store.gc(grace_seconds=0)
-    assert removed >= 1 and freed >= removed
+    assert (removed, freed) == (len(only_first), sum(sizes.values()))
+    assert not any(s3_store.backend.exists(p) for p in only_first)
+    assert all(s3_store.backend.exists(p) for p in chunk_files(second))
     assert s3_store.verify("on-s3")["id"] == second["id"]
 
 
