@@ -202,7 +202,7 @@ def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, 
     failed = [
         line.split()[1]
         for line in result.stdout.splitlines()
-        if line.startswith(("FAILED ", "ERROR "))
+        if line.startswith(("FAILED tests", "ERROR tests"))
     ]
     return result.returncode, time.monotonic() - started, failed[0] if failed else ""
 
