@@ -54,9 +54,7 @@ def user_variables(shell: Any) -> dict[str, Any]:
 def env_changes() -> dict[str, Any]:
     """The environment variables the user set and unset, against the launch environment
     and any image restored since."""
-    changed = {
-        k: v for k, v in os.environ.items() if k in _RESTORED_ENV or _LAUNCH_ENV.get(k) != v
-    }
+    changed = {k: v for k, v in os.environ.items() if k in _RESTORED_ENV or _LAUNCH_ENV.get(k) != v}
     removed = sorted(k for k in _LAUNCH_ENV.keys() | _RESTORED_ENV if k not in os.environ)
     return {"set": changed, "unset": removed}
 
