@@ -112,6 +112,25 @@ class Kernel:
         self.manager.shutdown_kernel(now=True)
 
 
+# The names (no dunders) a cell bound or rebound, given the ids of the globals before it.
+_CHANGED = (
+    "sorted(k for k, v in globals().items() if {!r}.get(k) != id(v)"
+    " and not (k.startswith('__') and k.endswith('__')))"
+)
+
+
+def restore_and_list(kernel: Kernel, ref: str) -> tuple[str, set[str]]:
+    """`%ckpt restore ref`; return its output and the names the restore bound or rebound,
+    seen from the kernel's globals, not from what jupyter_ckpt reports."""
+    before = kernel.eval("{k: id(v) for k, v in globals().items()}")
+    cells = [kernel.last_execution_count + 1]
+    out = kernel.ckpt(f"restore {ref}")
+    changed = set(kernel.eval(_CHANGED.format(before)))
+    cells.append(kernel.last_execution_count)
+    # what IPython itself binds for each cell
+    return out, changed - {"_i", "_ii", "_iii", *(f"_i{n}" for n in cells)}
+
+
 def save_namespace(
     store: ImageStore, namespace: dict[str, Any], name: str = "test"
 ) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from harness import Kernel, assert_complete, image_names
+from harness import Kernel, assert_complete, image_names, restore_and_list
 
 CELLS: dict[str, str] = {
     "plain": """
@@ -230,22 +230,6 @@ REPR_NAMES = [
     "big_int", "nested", "SCALE", "OFFSET", "fav", "pair", "cfg", "keep_me", "ys",
 ]  # fmt: skip
 REPR_PROBE = f"[repr(globals().get(n, 'MISSING')) for n in {REPR_NAMES}]"
-# The names (no dunders) a cell of the probing kernel bound or rebound.
-CHANGED = (
-    "sorted(k for k, v in globals().items() if {!r}.get(k) != id(v)"
-    " and not (k.startswith('__') and k.endswith('__')))"
-)
-IDS = "{k: id(v) for k, v in globals().items()}"
-
-
-def restore_and_list(kernel: Kernel, ref: str) -> tuple[str, set[str]]:
-    """Restore ``ref``; return the output and the names the restore bound or rebound."""
-    before = kernel.eval(IDS)
-    cells = [kernel.last_execution_count + 1]
-    out = kernel.ckpt(f"restore {ref}")
-    changed = set(kernel.eval(CHANGED.format(before)))
-    cells.append(kernel.last_execution_count)
-    return out, changed - {"_i", "_ii", "_iii", *(f"_i{n}" for n in cells)}
 
 
 def start_with_env(start_kernel, ckpt_paths, which: str) -> Kernel:

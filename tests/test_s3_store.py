@@ -17,6 +17,7 @@ from harness import (
     Paths,
     chunk_files,
     load_namespace,
+    restore_and_list,
     save_namespace,
 )
 
@@ -95,7 +96,8 @@ def test_kernels_save_and_restore_through_s3(endpoint: str, tmp_path: Path) -> N
 
         reader = Kernel(paths)
         reader.run("%load_ext jupyter_ckpt")
-        assert "Restored" in reader.ckpt("restore remote-run")
+        out, names = restore_and_list(reader, "remote-run")
+        assert out.startswith("Restored 3 variables") and names == {"np", "w", "label"}
         assert reader.eval("[label, float(w[-1]), len(w)]") == ["remote", 1.0, 500_000]
     finally:
         for kernel in (writer, reader):
