@@ -3,17 +3,49 @@
 Kernels are expensive on a small machine, so test modules share them (module scope): one
 kernel writes the images of a module, a second, fresh one restores them. Each module gets
 its own store and a signing secret that lives outside the store, as in production.
+
+A skipped test fails the run: the browser and TypeScript tests skip when Chromium or the
+labextension's node modules are missing, and a green run must mean they ran. Developers
+without them set ``JUPYTER_CKPT_ALLOW_SKIPS=1``; under ``CI`` skips always fail.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harness import BUCKET, CREDENTIALS, Kernel, MotoServer, Paths
 
 from jupyter_ckpt.store import ImageStore
+
+ALLOW_SKIPS = "JUPYTER_CKPT_ALLOW_SKIPS"
+_skipped: list[str] = []
+
+
+def skips_allowed() -> bool:
+    return os.environ.get(ALLOW_SKIPS) == "1" and not os.environ.get("CI")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _skipped and not skips_allowed() and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _skipped and not skips_allowed():
+        terminalreporter.write_line(
+            f"FAILED: {len(_skipped)} test(s) skipped (see the reasons above); every test "
+            f"must run. Without Chromium or npm, {ALLOW_SKIPS}=1 allows skips (not under CI).",
+            red=True,
+        )
 
 
 @pytest.fixture(scope="module")

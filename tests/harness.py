@@ -262,11 +262,48 @@ class Kernel:
         self.manager.shutdown_kernel(now=True)
 
 
+# The names (no dunders) a cell bound or rebound, given the ids of the globals before it.
+_CHANGED = (
+    "sorted(k for k, v in globals().items() if {!r}.get(k) != id(v)"
+    " and not (k.startswith('__') and k.endswith('__')))"
+)
+
+
+def restore_and_list(kernel: Kernel, ref: str) -> tuple[str, set[str]]:
+    """`%ckpt restore ref`; return its output and the names the restore bound or rebound,
+    seen from the kernel's globals, not from what jupyter_ckpt reports."""
+    before = kernel.eval("{k: id(v) for k, v in globals().items()}")
+    cells = [kernel.last_execution_count + 1]
+    out = kernel.ckpt(f"restore {ref}")
+    changed = set(kernel.eval(_CHANGED.format(before)))
+    cells.append(kernel.last_execution_count)
+    # what IPython itself binds for each cell
+    return out, changed - {"_i", "_ii", "_iii", *(f"_i{n}" for n in cells)}
+
+
 def save_namespace(
     store: ImageStore, namespace: dict[str, Any], name: str = "test"
 ) -> dict[str, Any]:
-    """Capture every variable of ``namespace`` (as a kernel would); return the manifest."""
-    return image.capture(dict(namespace), namespace, store.writer(), name=name)
+    """Capture every variable of ``namespace`` (as a kernel would); return the manifest.
+    The manifest must account for every variable, each one saved or imported."""
+    manifest = image.capture(dict(namespace), namespace, store.writer(), name=name)
+    statuses = {v["name"]: v["status"] for v in manifest["variables"]}
+    assert statuses.keys() == namespace.keys(), "the manifest's variables are not the namespace's"
+    assert image_names(manifest) == set(namespace), f"not all saved: {statuses}"
+    return manifest
+
+
+def image_names(manifest: dict[str, Any]) -> set[str]:
+    """The names an image says it holds: its saved and imported variables."""
+    return {v["name"] for v in manifest["variables"] if v["status"] in ("saved", "imported")}
+
+
+def assert_complete(manifest: dict[str, Any], restored: set[str] | list[str]) -> None:
+    """What came back is exactly what the image says it holds, no name more or less."""
+    held = image_names(manifest)
+    assert set(restored) == held, (
+        f"missing: {sorted(held - set(restored))}, extra: {sorted(set(restored) - held)}"
+    )
 
 
 def load_namespace(store: ImageStore, ref: str) -> dict[str, Any]:
@@ -275,6 +312,8 @@ def load_namespace(store: ImageStore, ref: str) -> dict[str, Any]:
     namespace: dict[str, Any] = {}
     report = image.restore(manifest, store.read_segments(manifest), namespace)
     assert report.missing == {}
+    assert_complete(manifest, report.restored)
+    assert_complete(manifest, namespace)
     return namespace
 
 

@@ -8,11 +8,12 @@ behaviour are asserted in B, where they can only hold if the restore kept them.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from harness import Kernel
+from harness import Kernel, assert_complete, image_names, restore_and_list
 
 CELLS: dict[str, str] = {
     "plain": """
@@ -160,12 +161,86 @@ sock = socket.socket()
 scratch = "left out"
 keep_me = "included again"
 """,
+    "names": """
+u = v = 0
+n1, n2 = 7, 7
+s1 = "same"
+s2 = "same"
+_under, _cache, __x, _ix, _oh_no, _0 = 1, {}, 2, "ix", "oh no", "zero"
+Input, Output, exit_code = "in", "out", 3
+_ = "mine"
+exit = "my exit"
+!true
+""",
     "kernel_state": """
 os.makedirs("work/sub", exist_ok=True)
 os.chdir("work/sub")
 os.environ["CKPT_TEST_SETTING"] = "on"
+os.environ["CKPT_TEST_AGREED"] = "user"
+del os.environ["CKPT_TEST_UNSET"]
+del os.environ["CKPT_TEST_UNSET_LATER"]
 """,
 }
+
+# The launch environments of the kernels (A saves, B restores and saves, C restores B's):
+# what the user unset in A stays unset, and what A set stays set, in B and C, including
+# where B's launch environment happens to agree with the image.
+LAUNCH_ENV = {
+    "a": {"CKPT_TEST_UNSET": "a", "CKPT_TEST_UNSET_LATER": "a"},
+    "b": {"CKPT_TEST_UNSET": "b", "CKPT_TEST_AGREED": "user"},
+    "c": {"CKPT_TEST_UNSET": "c", "CKPT_TEST_UNSET_LATER": "c"},
+}
+ENV_AFTER_RESTORE = {
+    "CKPT_TEST_SETTING": "on",
+    "CKPT_TEST_AGREED": "user",
+    "CKPT_TEST_UNSET": None,
+    "CKPT_TEST_UNSET_LATER": None,
+}
+ENV_PROBE = f"{{k: __import__('os').environ.get(k) for k in {sorted(ENV_AFTER_RESTORE)}}}"
+
+
+_SCOPES = (ast.FunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+           ast.DictComp, ast.GeneratorExp)  # fmt: skip
+
+
+def bound_names(code: str) -> set[str]:
+    """The global names a cell binds, read from its source (IPython syntax stripped)."""
+    tree = ast.parse("\n".join(line for line in code.splitlines() if not line.startswith("!")))
+    names: set[str] = set()
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        if not isinstance(node, _SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return names
+
+
+# Every user name the cells bind: exactly these (less the ones not saved) come back.
+USER_NAMES = set().union(*(bound_names(code) for code in CELLS.values()))
+# Names whose values compare by repr in A and B.
+REPR_NAMES = [
+    "u", "v", "n1", "n2", "s1", "s2", "_under", "_cache", "__x", "_ix", "_oh_no", "_0",
+    "Input", "Output", "exit_code", "_", "exit", "i", "f", "s", "by", "c", "none", "flag",
+    "big_int", "nested", "SCALE", "OFFSET", "fav", "pair", "cfg", "keep_me", "ys",
+]  # fmt: skip
+REPR_PROBE = f"[repr(globals().get(n, 'MISSING')) for n in {REPR_NAMES}]"
+
+
+def start_with_env(start_kernel, ckpt_paths, which: str) -> Kernel:
+    """Start kernel ``which`` (a, b or c) in its own directory and launch environment."""
+    with pytest.MonkeyPatch.context() as env:
+        for key in ENV_AFTER_RESTORE:
+            env.delenv(key, raising=False)
+        for key, value in LAUNCH_ENV[which].items():
+            env.setenv(key, value)
+        return start_kernel(cwd=ckpt_paths.root / f"cwd-{which}")
+
 
 UNSAVEABLE = {
     "gen": "TypeError: cannot pickle 'generator' object",
@@ -276,6 +351,10 @@ class RoundTrip:
     count_after_restore: int
     saved_cwd: str
     saved_history: list[str]
+    saved_reprs: list[str]
+    restored_reprs: list[str]
+    restored_names: set[str]
+    env: dict[str, str | None]
 
 
 def probe_all(kernel: Kernel) -> dict[str, list[Any]]:
@@ -286,7 +365,7 @@ def probe_all(kernel: Kernel) -> dict[str, list[Any]]:
 @pytest.fixture(scope="module")
 def rt(start_kernel, ckpt_paths) -> RoundTrip:
     """Kernel A builds and saves the state, then stops; kernel B restores it."""
-    a = start_kernel(cwd=ckpt_paths.root / "cwd-a")
+    a = start_with_env(start_kernel, ckpt_paths, "a")
     for code in CELLS.values():
         a.run(code)
     truths_in_a = a.falsy(*(t for truths in TRUTHS.values() for t in truths))
@@ -297,19 +376,22 @@ def rt(start_kernel, ckpt_paths) -> RoundTrip:
     assert save_count is not None
     saved_cwd = a.eval("__import__('os').getcwd()")
     saved_history = a.eval(f"In[:{save_count + 1}]")
+    saved_reprs = a.eval(REPR_PROBE)
     saved_probes = probe_all(a)
     a.shutdown()
 
-    b = start_kernel(cwd=ckpt_paths.root / "cwd-b")
-    restore_output = b.ckpt("restore rt")
-    b.run("pass")
+    b = start_with_env(start_kernel, ckpt_paths, "b")
+    restore_output, restored_names = restore_and_list(b, "rt")
     count_after_restore = b.last_execution_count
     assert count_after_restore is not None
     truths_in_b = {topic: b.falsy(*truths) for topic, truths in TRUTHS.items()}
+    restored_reprs = b.eval(REPR_PROBE)
+    env = b.eval(ENV_PROBE)
     b.ckpt("save rt2")  # the restored state, untouched yet, for the second generation
     return RoundTrip(
         b, save_output, restore_output, saved_probes, probe_all(b), truths_in_a, truths_in_b,
-        save_count, count_after_restore, saved_cwd, saved_history,
+        save_count, count_after_restore, saved_cwd, saved_history, saved_reprs,
+        restored_reprs, restored_names, env,
     )  # fmt: skip
 
 
@@ -318,22 +400,49 @@ class SecondGeneration:
     kernel: Kernel
     probes: dict[str, list[Any]]
     falsy: list[str]
+    restored_names: set[str]
+    reprs: list[str]
+    env: dict[str, str | None]
 
 
 @pytest.fixture(scope="module")
 def gen2(rt: RoundTrip, start_kernel, ckpt_paths) -> SecondGeneration:
     """Kernel C restores the image that B wrote right after its own restore."""
-    c = start_kernel(cwd=ckpt_paths.root / "cwd-c")
-    out = c.ckpt("restore rt2")
+    c = start_with_env(start_kernel, ckpt_paths, "c")
+    out, names = restore_and_list(c, "rt2")
     assert out.startswith("Restored"), out
     falsy = c.falsy(*(t for truths in TRUTHS.values() for t in truths))
-    return SecondGeneration(c, probe_all(c), falsy)
+    reprs, env = c.eval(REPR_PROBE), c.eval(ENV_PROBE)
+    return SecondGeneration(c, probe_all(c), falsy, names, reprs, env)
 
 
 @pytest.mark.parametrize("topic", list(PROBES))
 def test_values_equal_after_restore(rt: RoundTrip, topic: str) -> None:
     """The same expressions give the same results in the saving and the restored kernel."""
     assert rt.restored_probes[topic] == rt.saved_probes[topic]
+
+
+RESTORABLE = USER_NAMES - set(UNSAVEABLE) - {"scratch"}
+
+
+def test_restores_exactly_the_user_names(rt: RoundTrip, kernel_store) -> None:
+    """Every name the cells bound comes back, and nothing else: no name dropped for
+    looking like IPython's, none of IPython's own taken for the user's."""
+    assert {"_", "exit", "_cache", "__x", "_ix", "_oh_no", "_0", "Input", "u", "v"} <= USER_NAMES
+    assert_complete(kernel_store.open("rt"), rt.restored_names)
+    assert rt.restored_names == RESTORABLE
+    assert image_names(kernel_store.open("rt")) == RESTORABLE
+    assert f"Restored {len(RESTORABLE)} variables" in rt.restore_output
+
+
+def test_equal_values_and_lookalikes_keep_their_values(rt: RoundTrip) -> None:
+    assert rt.restored_reprs == rt.saved_reprs
+    assert dict(zip(REPR_NAMES, rt.saved_reprs, strict=True))["exit"] == "'my exit'"
+
+
+def test_environment_changes_restored(rt: RoundTrip) -> None:
+    """Variables the user unset are unset again, in a kernel launched with them."""
+    assert rt.env == ENV_AFTER_RESTORE
 
 
 def test_truths_hold_in_the_saving_kernel(rt: RoundTrip) -> None:
@@ -387,11 +496,10 @@ def test_writes_through_views_reach_the_base(
 
 
 def test_kernel_state_restored(rt: RoundTrip) -> None:
-    """cwd, a user-set environment variable, the execution count and `In` come back."""
+    """cwd, the execution count and `In` come back."""
     k = rt.kernel
     assert k.eval("__import__('os').getcwd()") == rt.saved_cwd
     assert rt.saved_cwd.endswith("cwd-a/work/sub")
-    assert k.eval("__import__('os').environ.get('CKPT_TEST_SETTING')") == "on"
     assert rt.count_after_restore == rt.save_count + 1
     assert k.eval(f"In[:{rt.save_count + 1}]") == rt.saved_history
     assert any("class Dog(Animal)" in cell for cell in rt.saved_history)
@@ -430,3 +538,16 @@ def test_second_generation_values(rt: RoundTrip, gen2: SecondGeneration, topic: 
 
 def test_second_generation_identities(gen2: SecondGeneration) -> None:
     assert gen2.falsy == []
+
+
+def test_second_generation_names(rt: RoundTrip, gen2: SecondGeneration, kernel_store) -> None:
+    """B's image, written right after its restore, holds exactly A's names."""
+    assert_complete(kernel_store.open("rt2"), gen2.restored_names)
+    assert gen2.restored_names == RESTORABLE
+    assert gen2.reprs == rt.saved_reprs
+
+
+def test_second_generation_environment(gen2: SecondGeneration) -> None:
+    """B's image keeps A's environment changes, including those B's own launch
+    environment happened to agree with (so B saw no change of its own)."""
+    assert gen2.env == ENV_AFTER_RESTORE

@@ -9,7 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from harness import Kernel, S3Paths, load_namespace, save_namespace
+from harness import (
+    Kernel,
+    S3Paths,
+    chunk_files,
+    load_namespace,
+    restore_and_list,
+    save_namespace,
+)
 
 from jupyter_ckpt.errors import IntegrityError
 from jupyter_ckpt.store import CHUNK_SIZE, ImageStore, chunk_hash, chunk_path
@@ -30,9 +37,14 @@ def test_round_trip_dedupe_and_gc(s3_store: ImageStore) -> None:
     assert second["sizes"]["written"] < first["sizes"]["written"] / 4
     assert s3_store.resolve("on-s3") == second["id"]
 
+    only_first = chunk_files(first) - chunk_files(second)
+    sizes = {p: len(s3_store.backend.read_bytes(p)) for p in only_first}
+    assert only_first, "the changed chunk and the first pickle are the first image's alone"
     s3_store.delete(first["id"])
     removed, freed = s3_store.gc(grace_seconds=0)
-    assert removed >= 1 and freed >= removed
+    assert (removed, freed) == (len(only_first), sum(sizes.values()))
+    assert not any(s3_store.backend.exists(p) for p in only_first)
+    assert all(s3_store.backend.exists(p) for p in chunk_files(second))
     assert s3_store.verify("on-s3")["id"] == second["id"]
 
 
@@ -57,7 +69,8 @@ def test_kernels_save_and_restore_through_s3(endpoint: str, tmp_path: Path) -> N
 
         reader = Kernel(paths)
         reader.run("%load_ext jupyter_ckpt")
-        assert "Restored" in reader.ckpt("restore remote-run")
+        out, names = restore_and_list(reader, "remote-run")
+        assert out.startswith("Restored 3 variables") and names == {"np", "w", "label"}
         assert reader.eval("[label, float(w[-1]), len(w)]") == ["remote", 1.0, 500_000]
     finally:
         for kernel in (writer, reader):

@@ -9,8 +9,9 @@ import os
 import re
 from typing import Any
 
-# IPython's own per-cell names (_, __, _i, _i3, _3, ...) are not user variables.
-_IPYTHON_NAME = re.compile(r"^(_+|_i+|_i?\d+|_ih|_oh|_dh|In|Out|exit|quit|get_ipython)$")
+# IPython hides its own names (In, _i3, _3, exit, ...) in ``user_ns_hidden``; the names it
+# sets without hiding them are these, and dunders (__name__, __session__, __file__).
+_IPYTHON_UNHIDDEN = frozenset({"_exit_code"})
 
 
 def _launch_environment() -> dict[str, str]:
@@ -31,26 +32,40 @@ def _launch_environment() -> dict[str, str]:
 _LAUNCH_ENV = _launch_environment()
 
 
+# Environment variables an image restored into this kernel set or unset: they stay the
+# user's changes (and go into the next image) even where this kernel's launch environment
+# happens to agree with them.
+_RESTORED_ENV: set[str] = set()
+
+
 def user_variables(shell: Any) -> dict[str, Any]:
+    """The user's names: not a dunder, not one IPython set (a name IPython bound and the
+    user then rebound, such as ``_`` or ``exit``, is the user's)."""
     hidden = shell.user_ns_hidden
     return {
         name: value
         for name, value in shell.user_ns.items()
         if not (name.startswith("__") and name.endswith("__"))
-        and not _IPYTHON_NAME.match(name)
+        and name not in _IPYTHON_UNHIDDEN
         and not (name in hidden and hidden[name] is value)
     }
 
 
+def env_changes() -> dict[str, Any]:
+    """The environment variables the user set and unset, against the launch environment
+    and any image restored since."""
+    changed = {k: v for k, v in os.environ.items() if k in _RESTORED_ENV or _LAUNCH_ENV.get(k) != v}
+    removed = sorted(k for k in _LAUNCH_ENV.keys() | _RESTORED_ENV if k not in os.environ)
+    return {"set": changed, "unset": removed}
+
+
 def kernel_facts(shell: Any) -> dict[str, Any]:
-    changed = {k: v for k, v in os.environ.items() if _LAUNCH_ENV.get(k) != v}
-    removed = sorted(k for k in _LAUNCH_ENV if k not in os.environ)
     history = shell.history_manager
     return {
         "id": kernel_id(),
         "notebook_path": os.environ.get("JPY_SESSION_NAME"),
         "cwd": os.getcwd(),
-        "env": {"set": changed, "unset": removed},
+        "env": env_changes(),
         "execution_count": shell.execution_count,
         "history": {
             "raw": list(history.input_hist_raw),
@@ -72,6 +87,7 @@ def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
     os.environ.update(env.get("set", {}))
     for key in env.get("unset", []):
         os.environ.pop(key, None)
+    _RESTORED_ENV.update(env.get("set", {}), env.get("unset", []))
     history = facts.get("history")
     if history or facts.get("execution_count"):
         # The saved line numbers may already be taken in this kernel's history database

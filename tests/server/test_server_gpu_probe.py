@@ -137,8 +137,16 @@ def test_without_nvml_nothing_crashes_and_it_says_so_once(tree, caplog):
     assert sum("NVML is not available" in r.message for r in caplog.records) == 1
 
 
-def test_real_pynvml_on_this_machine_does_not_raise():
+def test_real_pynvml_on_this_machine():
+    """This process never creates a CUDA context: whether the machine has GPUs or not, it
+    holds no GPU memory; without NVML the probe says why, with it the GPUs are listed."""
     probe = GpuProbe()
     node = probe.node()
-    assert node["available"] or node["reason"].startswith("NVML")
-    assert probe.usage(os.getpid()).to_json()["bytes"] >= 0
+    usage = probe.usage(os.getpid()).to_json()
+    assert (usage["bytes"], usage["by_device"]) == (0, {})
+    if node["available"]:
+        assert node["gpus"] and all(gpu["memory_total"] > 0 for gpu in node["gpus"])
+        assert os.getpid() not in probe.memory_by_pid()
+    else:
+        assert node["reason"].startswith("NVML") and node["gpus"] == []
+        assert usage == {"bytes": 0, "by_device": {}, "source": "none", "holds_gpu": False}

@@ -1,0 +1,284 @@
+"""Does the suite notice small, realistic bugs? Apply each mutant below, one at a time, to a
+temporary copy of the project, run the test files that should notice it, and print whether
+it was killed (a test failed) or survived.
+
+    python tools/mutation_check.py                 # every mutant
+    python tools/mutation_check.py --list          # names, files and test files
+    python tools/mutation_check.py verify-skipped env-unset-skipped   # some of them
+
+Each mutant replaces one exact snippet; a snippet that no longer occurs exactly once is
+reported as stale, never skipped in silence. The unmutated copy runs first: a test file
+that fails without any mutant would kill everything and says nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = "server_extension/jupyter_ckpt_server"
+ROUNDTRIP = "tests/test_roundtrip.py"
+SAFETY = "tests/server/test_server_safety_steps.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = [
+    Mutant(
+        "capture-drops-equal-values",
+        "jupyter_ckpt/image/capture.py",
+        "        singles.append(single)\n",
+        "        if not any(s.data == single.data for s in singles):\n"
+        "            singles.append(single)\n",
+        (ROUNDTRIP, "tests/test_units.py"),
+    ),
+    Mutant(
+        "ipython-filter-widened",
+        "jupyter_ckpt/kernel/state.py",
+        "        and name not in _IPYTHON_UNHIDDEN\n",
+        "        and name not in _IPYTHON_UNHIDDEN\n"
+        "        and not name.startswith(('_', 'In', 'Out', 'exit'))\n",
+        (ROUNDTRIP,),
+    ),
+    Mutant(
+        "ipython-filter-forgets-exit-code",
+        "jupyter_ckpt/kernel/state.py",
+        '_IPYTHON_UNHIDDEN = frozenset({"_exit_code"})',
+        "_IPYTHON_UNHIDDEN = frozenset()",
+        (ROUNDTRIP,),
+    ),
+    Mutant(
+        "env-unset-skipped",
+        "jupyter_ckpt/kernel/state.py",
+        "        os.environ.pop(key, None)\n",
+        "        pass\n",
+        (ROUNDTRIP,),
+    ),
+    Mutant(
+        "env-set-skipped",
+        "jupyter_ckpt/kernel/state.py",
+        '    os.environ.update(env.get("set", {}))\n',
+        "",
+        (ROUNDTRIP,),
+    ),
+    Mutant(
+        "restored-env-forgotten",
+        "jupyter_ckpt/kernel/state.py",
+        '    _RESTORED_ENV.update(env.get("set", {}), env.get("unset", []))\n',
+        "",
+        (ROUNDTRIP,),
+    ),
+    Mutant(
+        "sharing-not-joined",
+        "jupyter_ckpt/image/capture.py",
+        "            if j != i:\n",
+        "            if False:\n",
+        ("tests/test_units.py",),
+    ),
+    Mutant(
+        "chunk-hash-unchecked",
+        "jupyter_ckpt/store/imagestore.py",
+        "        if n != len(out) or chunk_hash(out) != digest:\n",
+        "        if n != len(out):\n",
+        ("tests/test_store.py", "tests/test_security.py"),
+    ),
+    Mutant(
+        "gc-ignores-references",
+        "jupyter_ckpt/store/imagestore.py",
+        'if path.rsplit("/", 1)[-1] not in referenced and mtime <= cutoff',
+        "if mtime <= cutoff",
+        ("tests/test_store.py",),
+    ),
+    Mutant(
+        "gc-ignores-leases",
+        "jupyter_ckpt/store/imagestore.py",
+        "        if leases and candidates:\n",
+        "        if False:\n",
+        ("tests/test_store.py", "tests/test_store_multiuser.py"),
+    ),
+    Mutant(
+        "verify-skipped",
+        f"{SERVER}/manager.py",
+        '            await asyncio.to_thread(self.store.verify, summary["id"])\n',
+        "            pass\n",
+        (SAFETY,),
+    ),
+    Mutant(
+        "verify-failure-ignored",
+        f"{SERVER}/manager.py",
+        '            raise SuspendFailed(f"the image failed verification: {exc}") from exc\n',
+        "            self.log.warning('verification: %s', exc)\n",
+        (SAFETY,),
+    ),
+    Mutant(
+        "gpu-release-not-awaited",
+        f"{SERVER}/manager.py",
+        "        release = await self._wait_gpu_released(pid_tree) if usage.holds_gpu else 0.0\n",
+        "        release = 0.0\n",
+        (SAFETY,),
+    ),
+    Mutant(
+        "gpu-release-timeout-silent",
+        f"{SERVER}/manager.py",
+        "        self.log.warning(\n"
+        '            "GPU memory of %s not released after %.0f s", pids, '
+        "self.gpu_release_timeout\n"
+        "        )\n",
+        "",
+        (SAFETY,),
+    ),
+    Mutant(
+        "control-messages-dropped",
+        f"{SERVER}/websocket.py",
+        "        self._queue.append(incoming_msg)\n"
+        '        if channel == "shell" or not suspended:\n'
+        '            self._start_restore("message")\n',
+        '        if channel == "shell" or not suspended:\n'
+        "            self._queue.append(incoming_msg)\n"
+        '            self._start_restore("message")\n',
+        (SAFETY,),
+    ),
+    Mutant(
+        "restore-not-shared",
+        f"{SERVER}/manager.py",
+        "        return await _shared(self._restores, kernel_id, "
+        "lambda: self._restore(kernel_id, trigger))\n",
+        "        return await self._restore(kernel_id, trigger)\n",
+        (SAFETY,),
+    ),
+]
+
+
+def copy_project(dest: Path) -> None:
+    """The files git tracks or would track (no .venv, node_modules, build output)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for raw in filter(None, listed):
+        source = ROOT / os.fsdecode(raw)
+        if source.is_file():
+            target = dest / os.fsdecode(raw)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, float, str]:
+    """(pytest's exit code or -1 on timeout, seconds, the first test that failed)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(copy), str(copy / "server_extension")]),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", *tests],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, time.monotonic() - started, ""
+    failed = [
+        line.split()[1]
+        for line in result.stdout.splitlines()
+        if line.startswith(("FAILED tests", "ERROR tests"))
+    ]
+    return result.returncode, time.monotonic() - started, failed[0] if failed else ""
+
+
+def check_imports(copy: Path) -> None:
+    """The tests must import the copy, not an installed jupyter_ckpt."""
+    env = {**os.environ, "PYTHONPATH": f"{copy}{os.pathsep}{copy / 'server_extension'}"}
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import jupyter_ckpt, jupyter_ckpt_server; "
+            "print(jupyter_ckpt.__file__); print(jupyter_ckpt_server.__file__)",
+        ],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    outside = [p for p in where if not Path(p).is_relative_to(copy)]
+    if outside:
+        sys.exit(f"the copy is not what gets imported: {outside}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per test run")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
+    unknown = set(args.names) - {m.name for m in MUTANTS}
+    if unknown:
+        parser.error(f"unknown mutants: {', '.join(sorted(unknown))}")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:34} {m.path:42} {' '.join(m.tests)}")
+        return 0
+
+    results: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
+        copy = Path(tmp) / "project"
+        copy_project(copy)
+        check_imports(copy)
+        for tests in sorted({m.tests for m in chosen}):
+            code, seconds, _ = run_tests(copy, tests, args.timeout)
+            if code != 0:
+                print(f"baseline FAILS ({code}) for {' '.join(tests)}: fix that first")
+                return 2
+            print(f"baseline passes: {' '.join(tests)} ({seconds:.0f} s)", flush=True)
+        for m in chosen:
+            target = copy / m.path
+            original = target.read_text()
+            if original.count(m.old) != 1:
+                results[m.name] = "stale"
+                print(f"{m.name:34} STALE (snippet found {original.count(m.old)} times)")
+                continue
+            target.write_text(original.replace(m.old, m.new))
+            try:
+                code, seconds, failed = run_tests(copy, m.tests, args.timeout)
+            finally:
+                target.write_text(original)
+            verdict = "killed" if code != 0 else "SURVIVED"
+            if code == -1:
+                verdict = "killed (timeout)"
+            results[m.name] = verdict
+            print(
+                f"{m.name:34} {verdict:17} {seconds:4.0f} s  {failed or ' '.join(m.tests)}",
+                flush=True,
+            )
+
+    killed = sum(v.startswith("killed") for v in results.values())
+    print(f"\n{killed}/{len(results)} mutants killed")
+    return 0 if killed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
