@@ -23,9 +23,12 @@ VERSION = version("jupyter_server")
 
 
 @pytest.fixture(scope="module")
-def server_tests(request: pytest.FixtureRequest) -> Path:
-    """The root of jupyter_server's sdist (its ``tests/`` and ``pyproject.toml``)."""
-    cache = Path(request.config.cache.mkdir(f"jupyter_server-{VERSION}-sdist"))
+def server_tests(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The root of jupyter_server's sdist (its ``tests/`` and ``pyproject.toml``), kept in
+    pytest's cache when the cache is on (``-p no:cacheprovider`` turns it off)."""
+    name = f"jupyter_server-{VERSION}-sdist"
+    pytest_cache = getattr(request.config, "cache", None)
+    cache = Path(pytest_cache.mkdir(name) if pytest_cache else tmp_path_factory.mktemp(name))
     root = cache / f"jupyter_server-{VERSION}"
     if (root / "tests" / "services").is_dir():
         return root

@@ -95,6 +95,7 @@ async def test_an_image_that_fails_verification_keeps_the_kernel_running(
     reply, outputs = await client.execute("print(sum(state))")
     assert (reply["status"], text_of(outputs)) == ("ok", "499500\n")
     assert manager.records.all() == ({}, {})
+    assert manager.store.image_ids() == [], "the image that failed verification is removed"
     failed = [e for e in events if e["action"] == "suspend"]
     assert [e["status"] for e in failed] == ["error"]
     assert "failed verification" in failed[0]["msg"]
