@@ -167,19 +167,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    import torch
-
-    if not args.cpu and not torch.cuda.is_available():
+def cuda_device_count(torch: Any, script: str, cpu: bool) -> int | None:
+    """The CUDA devices to measure (0 with --cpu); None, after saying why, without any."""
+    if not cpu and not torch.cuda.is_available():
         print(
-            f"gpu_roundtrip needs an NVIDIA GPU: torch {torch.__version__} "
+            f"{script} needs an NVIDIA GPU: torch {torch.__version__} "
             f"(CUDA build {torch.version.cuda or 'none'}) sees no CUDA device. "
             "Run it on a GPU node, or pass --cpu to test the script itself.",
             file=sys.stderr,
         )
+        return None
+    return 0 if cpu else torch.cuda.device_count()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    count = cuda_device_count(torch, "gpu_roundtrip", args.cpu)
+    if count is None:
         return NO_GPU
-    count = 0 if args.cpu else torch.cuda.device_count()
     devices = [f"cuda:{i}" for i in range(count)] or ["cpu"]
     size = parse_size(args.size)
     base = tempfile.mkdtemp(prefix="ckpt-gpu-", dir=args.dir)

@@ -23,7 +23,7 @@ import tempfile
 import time
 
 from benchlib import human_size, make_store, parse_size, table
-from gpu_roundtrip import NO_GPU, build_namespace, state_bytes
+from gpu_roundtrip import NO_GPU, build_namespace, cuda_device_count, state_bytes
 
 from jupyter_ckpt.image import capture
 
@@ -54,15 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    if not args.cpu and not torch.cuda.is_available():
-        print(
-            f"gpu_save_memory needs an NVIDIA GPU: torch {torch.__version__} "
-            f"(CUDA build {torch.version.cuda or 'none'}) sees no CUDA device. "
-            "Run it on a GPU node, or pass --cpu to test the script itself.",
-            file=sys.stderr,
-        )
+    count = cuda_device_count(torch, "gpu_save_memory", args.cpu)
+    if count is None:
         return NO_GPU
-    count = 0 if args.cpu else torch.cuda.device_count()
     devices = [f"cuda:{i}" for i in range(count)] or ["cpu"]
     ns = build_namespace(torch, devices, parse_size(args.size))
     nbytes = state_bytes(ns, torch)
