@@ -42,6 +42,23 @@ async def poll(condition: Callable[[], Any], timeout: float = 30, what: str = ""
         await asyncio.sleep(0.05)
 
 
+async def next_event(events: list[dict[str, Any]], action: str, **expected: Any) -> dict:
+    """The first event of ``action`` with the ``expected`` fields: event listeners run as
+    tasks, so an event may arrive a moment after the step that emitted it."""
+
+    def found() -> dict[str, Any] | None:
+        return next(
+            (
+                e
+                for e in events
+                if e["action"] == action and all(e.get(k) == v for k, v in expected.items())
+            ),
+            None,
+        )
+
+    return await poll(found, what=f"a {action} event with {expected}")
+
+
 class Client:
     """A notebook frontend on the kernels websocket (legacy JSON or v1 protocol)."""
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_helpers import FakeNvml, poll
+from server_helpers import FakeNvml, next_event, poll
 
 from jupyter_ckpt.gpu import GpuProbe
 
@@ -56,18 +56,22 @@ async def test_the_monitor_loop_suspends_an_idle_kernel(
     await idle_for_a_moment(manager, kernel_id)
     monitor.start()
     await poll(lambda: manager.kernel_manager.is_suspended(kernel_id), what="suspension")
-    await poll(lambda: any(e["action"] == "suspend" for e in events), what="the event")
-    event = next(e for e in events if e["action"] == "suspend")
+    event = await next_event(events, "suspend")
     assert (event["status"], event["trigger"], event["kernel_id"]) == ("success", "idle", kernel_id)
     assert event["image_id"] == manager.records.get(kernel_id)["image_id"]
     assert (await status_of(jp_fetch, kernel_id))["state"] == "suspended"
 
 
-async def test_busy_kernels_are_never_suspended(jp_fetch, start_kernel, connect, manager, monitor):
+async def test_busy_kernels_are_never_suspended(
+    jp_fetch, start_kernel, connect, manager, monitor, tmp_path
+):
     kernel_id = await start_kernel()
     client = await connect(kernel_id)
     await idle_for_a_moment(manager, kernel_id)
-    client.send("execute_request", {"code": "import time; time.sleep(4)", "silent": False})
+    # the cell runs until the test lets it end, however slow the machine
+    release = tmp_path / "release"
+    code = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.01)"
+    cell = client.send("execute_request", {"code": code, "silent": False})
     kernel = manager.kernel_manager.get_kernel(kernel_id)
     await poll(lambda: kernel.execution_state == "busy", what="the kernel to be busy")
     assert await monitor.tick() == []
@@ -75,6 +79,8 @@ async def test_busy_kernels_are_never_suspended(jp_fetch, start_kernel, connect,
     with pytest.raises(Exception, match="busy"):
         await manager.suspend(kernel_id)
     assert not manager.kernel_manager.is_suspended(kernel_id)
+    release.touch()
+    assert (await client.reply_to(cell))["content"]["status"] == "ok"
 
 
 async def test_unsaveable_variables_with_keep_keep_the_kernel(
@@ -88,6 +94,7 @@ async def test_unsaveable_variables_with_keep_keep_the_kernel(
     assert manager.kernel_manager.is_running(kernel_id)
     failure = (await status_of(jp_fetch, kernel_id))["last_failure"]
     assert "on_unsaveable=keep" in failure["reason"] and "gen (" in failure["reason"]
+    await next_event(events, "suspend", status="error")
     assert [e["status"] for e in events if e["action"] == "suspend"] == ["error"]
     assert manager.store.image_ids() == [], "the partial image is not left behind"
 
@@ -114,7 +121,8 @@ async def test_a_kernel_without_jupyter_ckpt_keeps_running(
 
     reason = (await poll(suspend_tried, what="a suspend attempt"))["reason"]
     assert "lacks jupyter_ckpt" in reason
-    assert events[-1]["status"] == "error" and "lacks jupyter_ckpt" in events[-1]["msg"]
+    failed = await next_event(events, "suspend", status="error")
+    assert "lacks jupyter_ckpt" in failed["msg"]
 
 
 async def test_a_failed_write_keeps_the_kernel(jp_fetch, start_kernel, connect, manager, monitor):
@@ -143,8 +151,7 @@ async def test_gpu_only_suspends_only_kernels_holding_gpu_memory(
     blocked = (await status_of(jp_fetch, without_gpu))["blocked_by"]
     assert blocked == ["holds no GPU memory (gpu_only=True)"]
     assert manager.records.get(with_gpu)["gpu"]["by_device"] == {"0": 3 << 30}
-    await poll(lambda: any(e["action"] == "suspend" for e in events), what="the event")
-    released = next(e for e in events if e["action"] == "suspend")["gpu_release_seconds"]
+    released = (await next_event(events, "suspend"))["gpu_release_seconds"]
     assert released < manager.gpu_release_timeout, "the release was seen, not timed out"
 
 

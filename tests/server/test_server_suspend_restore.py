@@ -8,7 +8,15 @@ import os
 
 import pytest
 from jupyter_ckpt_server.manager import SuspendFailed
-from server_helpers import alter_chunks, fails_with, get_json, poll, start_session, text_of
+from server_helpers import (
+    alter_chunks,
+    fails_with,
+    get_json,
+    next_event,
+    poll,
+    start_session,
+    text_of,
+)
 
 WHERE = "import os; print(os.getcwd(), os.environ['JPY_SESSION_NAME'], os.environ['RUN'])"
 
@@ -108,7 +116,7 @@ async def test_a_failed_restore_starts_the_kernel_and_says_what_is_missing(
     ckpt = (await get_json(jp_fetch, "api", "kernels", kernel_id))["ckpt"]
     assert (ckpt["state"], ckpt["image"]) == ("restore-failed", image_id)
     assert "altered" in ckpt["error"]
-    restore = next(e for e in events if e["action"] == "restore")
+    restore = await next_event(events, "restore")
     assert restore["status"] == "error" and "altered" in restore["msg"]
 
     # the record, and so the image's pin, stays: neither retention nor DELETE removes it
@@ -155,7 +163,7 @@ async def test_restore_on_connect(jp_fetch, connect, manager, events):
     await poll(lambda: not manager.kernel_manager.suspended, what="the restore to finish")
     reply, outputs = await client.execute("answer")
     assert (reply["status"], text_of(outputs)) == ("ok", "42")
-    restore = next(e for e in events if e["action"] == "restore")
+    restore = await next_event(events, "restore")
     assert (restore["status"], restore["trigger"], restore["missing"]) == ("success", "connect", [])
 
 
