@@ -149,4 +149,10 @@ def test_real_pynvml_on_this_machine():
         assert os.getpid() not in probe.memory_by_pid()
     else:
         assert node["reason"].startswith("NVML") and node["gpus"] == []
-        assert usage == {"bytes": 0, "by_device": {}, "source": "none", "holds_gpu": False}
+        assert usage == {
+            "bytes": 0,
+            "by_device": {},
+            "busy": {},
+            "source": "none",
+            "holds_gpu": False,
+        }
