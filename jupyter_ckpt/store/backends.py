@@ -40,6 +40,7 @@ class Backend(Protocol):
     def mtime(self, path: str) -> float | None: ...
     def listdir(self, path: str) -> list[str]: ...
     def walk_files(self, path: str) -> Iterator[tuple[str, float, int]]: ...
+    def fingerprints(self, path: str) -> Iterator[tuple[str, str]]: ...
     def remove(self, path: str) -> None: ...
     def sync_dir(self, path: str) -> None: ...
 
@@ -221,17 +222,27 @@ class LocalBackend:
         except FileNotFoundError:
             return []
 
-    def walk_files(self, path: str) -> Iterator[tuple[str, float, int]]:
-        """(path, mtime, size) of every file below ``path``."""
-        base = self._abs(path)
-        for dirpath, _dirs, files in os.walk(base):
+    def _stat_files(self, path: str) -> Iterator[tuple[str, os.stat_result]]:
+        for dirpath, _dirs, files in os.walk(self._abs(path)):
             for name in files:
                 full = os.path.join(dirpath, name)
                 try:
                     st = os.stat(full)
                 except FileNotFoundError:
                     continue
-                yield os.path.relpath(full, self.root), st.st_mtime, st.st_size
+                yield os.path.relpath(full, self.root), st
+
+    def walk_files(self, path: str) -> Iterator[tuple[str, float, int]]:
+        """(path, mtime, size) of every file below ``path``."""
+        for rel, st in self._stat_files(path):
+            yield rel, st.st_mtime, st.st_size
+
+    def fingerprints(self, path: str) -> Iterator[tuple[str, str]]:
+        """(path, fingerprint) of every file below ``path``. A file replaced or rewritten
+        gets a new one: a rename brings a new inode, and the change time cannot be set
+        back by hand (unlike the modification time)."""
+        for rel, st in self._stat_files(path):
+            yield rel, f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
     def remove(self, path: str) -> None:
         target = self._abs(path)
@@ -319,6 +330,18 @@ class FsspecBackend:
             return
         for full, info in found.items():
             yield full[len(self.root) + 1 :], _modified(info), int(info.get("size") or 0)
+
+    def fingerprints(self, path: str) -> Iterator[tuple[str, str]]:
+        """(path, fingerprint) of every object below ``path``, from one listing: the
+        ETag (a hash of the content on S3), size and modification time."""
+        try:
+            found = self.fs.find(self._abs(path), detail=True)
+        except FileNotFoundError:
+            return
+        for full, info in found.items():
+            etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
+            stamp = f"{etag}:{info.get('size')}:{_modified(info)}"
+            yield full[len(self.root) + 1 :], stamp
 
     def remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
