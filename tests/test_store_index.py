@@ -31,12 +31,21 @@ def twin(store: ImageStore) -> ImageStore:
         user=store.user,
         secret_file=store.secret_file,
         storage_options=store.storage_options,
+        index_slack=store.index_slack,
     )
 
 
 def listed(store: ImageStore) -> dict[str, str | None]:
     """name (or the error, for an image that fails to load) by image id."""
     return {i: m["name"] if m else e for i, m, e in store.iter_manifests()}
+
+
+@pytest.fixture(autouse=True)
+def strict(request: pytest.FixtureRequest) -> None:
+    """Every new manifest goes into the index at once, unless a test says otherwise."""
+    for name in ("store", "s3_store"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).index_slack = 0
 
 
 def test_a_fresh_listing_reads_the_index_not_every_manifest(store: ImageStore) -> None:
@@ -137,6 +146,31 @@ def test_listing_on_s3_makes_a_bounded_number_of_requests(s3_store: ImageStore) 
     assert set(listed(fresh)) == ids
     assert calls.count("read_bytes", "manifest.json") == 3, "only the new manifests"
     assert calls.count("write_atomic", INDEX) == 1
+
+
+def test_the_index_is_rewritten_once_it_misses_more_than_the_slack(store: ImageStore) -> None:
+    store.index_slack = 2
+    for n in range(3):
+        save(store, f"a{n}", n)
+    listed(store)  # three unseen manifests: more than the slack, so the index is written
+    for n in range(2):
+        save(store, f"b{n}", n)
+
+    fresh = twin(store)
+    calls = counting(fresh)
+    assert len(listed(fresh)) == 5
+    assert calls.count("read_bytes", INDEX) == 1
+    assert calls.count("read_bytes", "manifest.json") == 2
+    assert calls.count("write_atomic", INDEX) == 0, "two missing entries are within the slack"
+
+    c = save(store, "c", 0)
+    calls = counting(fresh)
+    assert len(listed(fresh)) == 6
+    assert calls.calls[1:] == [("read_bytes", manifest_path(c["id"]))], "only the new one"
+    calls = counting(newer := twin(store))
+    assert len(listed(newer)) == 6
+    assert calls.count("read_bytes", "manifest.json") == 3
+    assert calls.count("write_atomic", INDEX) == 1, "three missing entries: rewritten"
 
 
 def test_retention_after_a_save_does_not_walk_the_chunks(store: ImageStore) -> None:

@@ -136,6 +136,12 @@ class ImageStore(LoggingConfigurable):
     quota_bytes = Int(
         0, help="Remove the oldest images while the store holds more than this (0: no quota)."
     ).tag(config=True)
+    index_slack = Int(
+        16,
+        help="Manifests new since the image index was written that a listing reads one by "
+        "one before it reads the index instead; the index is rewritten once it misses "
+        "more than this many (see jupyter_ckpt/store/index.py).",
+    ).tag(config=True)
     gc_interval = Float(
         3600,
         help="Seconds between the chunk collections that retention after a save runs (each "
@@ -226,7 +232,7 @@ class ImageStore(LoggingConfigurable):
         (:func:`.index.summary`); :meth:`open` gives the whole manifest. Summaries come
         from the signed index where it is current (:mod:`.index`), so a listing reads
         only the manifests that are new since."""
-        yield from self._index.scan(self.load_manifest, self._pool.map)
+        yield from self._index.scan(self.load_manifest, self._pool.map, self.index_slack)
 
     def resolve(self, ref: str) -> str:
         """An image id from an id, a unique id prefix, or a name (the newest image of it)."""

@@ -9,9 +9,12 @@ manifest is gone is gone whatever the index says. The index itself is signed wit
 user's secret (like a manifest) and ignored if the signature fails, so a stale,
 replayed or tampered index can cost extra reads but never hide an image or forge one.
 
-Nothing updates the index on commit or delete: the next listing that finds it out of date
-writes a new one. Processes racing to do so may overwrite each other; the loser's entries
-are simply read again later. Entries hold what listings, name resolution and retention
+Nothing updates the index on commit or delete. A listing that finds a few manifests it
+has not seen (up to ``ImageStore.index_slack``) reads just those; with more it reads the
+index, and rewrites it once the index misses more than that many. So a run of saves
+costs an index write every ``index_slack`` images, and a listing at most that many extra
+reads. Processes racing to write it may overwrite each other; the loser's entries are
+simply read again later. Entries hold what listings, name resolution and retention
 need (:func:`summary`), not the byte layout or the input history, so the index stays
 small however large the images are.
 """
@@ -61,29 +64,36 @@ class ManifestIndex:
     def manifest_files(self) -> dict[str, str]:
         """Fingerprint of every manifest file, by image id."""
         found = {}
-        for path, fingerprint in self.backend.fingerprints("images"):
-            parts = path.split("/")
-            if len(parts) == 3 and parts[2] == MANIFEST and ID_RE.match(parts[1]):
-                found[parts[1]] = fingerprint
+        for path, fingerprint in self.backend.fingerprints("images", MANIFEST):
+            image_id = path.split("/")[1]
+            if ID_RE.match(image_id):
+                found[image_id] = fingerprint
         return found
 
     def scan(
         self,
         load: Callable[[str], dict[str, Any]],
         map_: Callable[[Callable[[str], Entry], Iterable[str]], Iterable[Entry]] = map,
+        slack: int = 0,
     ) -> list[Entry]:
         """Every image, newest first; ``load`` reads and verifies one manifest, ``map_``
-        runs those reads (in parallel on a pool)."""
+        runs those reads (in parallel on a pool).
+
+        Up to ``slack`` manifests this process has not seen are read directly; more, and
+        the stored index is read first. It is rewritten once more than ``slack`` of its
+        entries are missing or out of date, so a run of saves rewrites it every ``slack``
+        images, not after each one."""
         with self._lock:
             found = self.manifest_files()
-            known = {i: self._known[i] for i in found if i in self._known}
-            stale = [i for i, fp in found.items() if known.get(i, ("",))[0] != fp]
-            write = False
-            if stale:
+            known = {i: e for i, e in self._known.items() if found.get(i) == e[0]}
+            stale = [i for i in found if i not in known]
+            drift = None  # entries the stored index lacks or holds in vain, if it was read
+            if len(stale) > slack:
                 stored = self._read()
-                known.update({i: stored[i] for i in stale if stored.get(i, ("",))[0] == found[i]})
+                usable = {i: e for i, e in stored.items() if found.get(i) == e[0]}
+                known.update(usable)
                 stale = [i for i in stale if i not in known]
-                write = bool(stale) or stored.keys() != found.keys()
+                drift = len(stored) - len(usable)
 
             def read(image_id: str) -> Entry:
                 try:
@@ -98,10 +108,11 @@ class ManifestIndex:
                 entries.append((image_id, loaded, error))
                 if loaded is not None:
                     known[image_id] = (found[image_id], loaded)
+                    drift = None if drift is None else drift + 1
                 else:
                     self.log.debug("Skipping image %s: %s", image_id, error)
             self._known = known
-            if write:
+            if drift is not None and drift > slack:
                 self._write(known)
         entries.sort(key=lambda e: (e[1] or {}).get("created", ""), reverse=True)
         return entries
