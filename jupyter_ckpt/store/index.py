@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CkptError, ImageNotFound, IntegrityError
-from .layout import ID_RE
+from .layout import ID_RE, MANIFEST
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 INDEX = "index.json"
 KIND = "jupyter-ckpt/index"
-MANIFEST = "manifest.json"
 
 #: (image id, summary or None, error or None), as :meth:`ImageStore.iter_manifests` yields.
 Entry = tuple[str, dict[str, Any] | None, str | None]
