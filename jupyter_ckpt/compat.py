@@ -7,7 +7,9 @@ importing them.
 
 from __future__ import annotations
 
+import json
 import platform
+from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
 
@@ -53,3 +55,19 @@ def check(manifest: dict[str, Any], node: dict[str, Any] | None = None) -> dict[
         problems.append(f"needs a GPU ({', '.join(cuda)}) and this node has none")
     verdict = "incompatible" if problems else "warnings" if warnings else "compatible"
     return {"verdict": verdict, "reasons": problems + warnings}
+
+
+def check_all(
+    manifests: Iterable[dict[str, Any]], node: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """:func:`check` of many images: each distinct environment is checked once (a
+    store's history is mostly a few notebooks saved many times, and looking up installed
+    versions is the slow part)."""
+    checked: dict[str, dict[str, Any]] = {}
+    results = []
+    for manifest in manifests:
+        key = json.dumps([manifest.get("environment"), manifest.get("devices")], sort_keys=True)
+        if key not in checked:
+            checked[key] = check(manifest, node)
+        results.append(checked[key])
+    return results

@@ -328,3 +328,33 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)
+
+
+class CountingBackend:
+    """A store backend that records every call made to it as (method, path): on an object
+    store each call is at least one request, so tests can bound requests without timing."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, str(args[0]) if args else ""))
+            return attr(*args, **kwargs)
+
+        return counted
+
+    def count(self, method: str, suffix: str = "") -> int:
+        return sum(m == method and p.endswith(suffix) for m, p in self.calls)
+
+
+def counting(store: ImageStore) -> CountingBackend:
+    """Route all of ``store``'s reads and writes through a fresh :class:`CountingBackend`."""
+    backend = CountingBackend(store.backend)
+    store.backend = store._index.backend = backend
+    return backend

@@ -67,11 +67,26 @@ def kernel_facts(shell: Any) -> dict[str, Any]:
         "cwd": os.getcwd(),
         "env": env_changes(),
         "execution_count": shell.execution_count,
-        "history": {
-            "raw": list(history.input_hist_raw),
-            "parsed": list(history.input_hist_parsed),
-        },
+        "history": compact_history(history.input_hist_raw, history.input_hist_parsed),
     }
+
+
+def compact_history(raw: list[str], parsed: list[str]) -> dict[str, Any]:
+    """The input history stored once: the raw cells, plus the parsed form of only those
+    cells whose parsed form differs (magics, shell escapes), by index."""
+    changes = {str(i): p for i, p in enumerate(parsed) if i >= len(raw) or raw[i] != p}
+    return {"raw": list(raw), "parsed_changes": changes, "parsed_length": len(parsed)}
+
+
+def expand_history(history: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(raw, parsed) from :func:`compact_history`'s form, or from the older form that
+    stored both lists in full."""
+    raw = list(history["raw"])
+    if "parsed" in history:
+        return raw, list(history["parsed"])
+    changes = history["parsed_changes"]
+    length = history["parsed_length"]
+    return raw, [changes.get(str(i), raw[i] if i < len(raw) else "") for i in range(length)]
 
 
 def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
@@ -98,8 +113,9 @@ def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
             manager.new_session()
     if history:
         # In-place: the namespace's `In` is the same list object as input_hist_parsed.
-        shell.history_manager.input_hist_raw[:] = history["raw"]
-        shell.history_manager.input_hist_parsed[:] = history["parsed"]
+        raw, parsed = expand_history(history)
+        shell.history_manager.input_hist_raw[:] = raw
+        shell.history_manager.input_hist_parsed[:] = parsed
     if facts.get("execution_count"):
         shell.execution_count = facts["execution_count"]
     return warnings

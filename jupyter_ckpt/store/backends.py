@@ -40,6 +40,7 @@ class Backend(Protocol):
     def mtime(self, path: str) -> float | None: ...
     def listdir(self, path: str) -> list[str]: ...
     def walk_files(self, path: str) -> Iterator[tuple[str, float, int]]: ...
+    def fingerprints(self, path: str, name: str) -> Iterator[tuple[str, str]]: ...
     def remove(self, path: str) -> None: ...
     def sync_dir(self, path: str) -> None: ...
 
@@ -233,6 +234,25 @@ class LocalBackend:
                     continue
                 yield os.path.relpath(full, self.root), st.st_mtime, st.st_size
 
+    def fingerprints(self, path: str, name: str) -> Iterator[tuple[str, str]]:
+        """(path, fingerprint) of every file ``name`` one directory below ``path``. A
+        file replaced or rewritten gets a new one: a rename brings a new inode, and the
+        change time cannot be set back by hand (unlike the modification time)."""
+        try:
+            entries = os.listdir(self._abs(path))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            rel = f"{path}/{entry}/{name}"
+            try:
+                st = os.stat(self._abs(rel))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:  # listed, so that reading it names the problem
+                yield rel, f"unreadable:{exc.errno}"
+                continue
+            yield rel, f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
     def remove(self, path: str) -> None:
         target = self._abs(path)
         try:
@@ -319,6 +339,22 @@ class FsspecBackend:
             return
         for full, info in found.items():
             yield full[len(self.root) + 1 :], _modified(info), int(info.get("size") or 0)
+
+    def fingerprints(self, path: str, name: str) -> Iterator[tuple[str, str]]:
+        """(path, fingerprint) of every object ``name`` one level below ``path``, from
+        one listing (a request per 1,000 keys): ETag (a hash of the content on S3), size
+        and modification time."""
+        try:
+            found = self.fs.find(self._abs(path), detail=True)
+        except FileNotFoundError:
+            return
+        for full, info in found.items():
+            rel = full[len(self.root) + 1 :]
+            inner = rel[len(path) + 1 :].split("/")
+            if len(inner) != 2 or inner[1] != name:
+                continue
+            etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
+            yield rel, f"{etag}:{info.get('size')}:{_modified(info)}"
 
     def remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -33,6 +33,7 @@ from ..errors import (
     InvalidReference,
 )
 from .backends import LocalBackend, open_backend
+from .index import Entry, ManifestIndex
 from .layout import (
     BUFFER_BYTES,
     GC_GRACE_SECONDS,
@@ -135,6 +136,17 @@ class ImageStore(LoggingConfigurable):
     quota_bytes = Int(
         0, help="Remove the oldest images while the store holds more than this (0: no quota)."
     ).tag(config=True)
+    index_slack = Int(
+        16,
+        help="Manifests new since the image index was written that a listing reads one by "
+        "one before it reads the index instead; the index is rewritten once it misses "
+        "more than this many (see jupyter_ckpt/store/index.py).",
+    ).tag(config=True)
+    gc_interval = Float(
+        3600,
+        help="Seconds between the chunk collections that retention after a save runs (each "
+        "walks every chunk file); `jupyter ckpt gc` always collects.",
+    ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -150,6 +162,8 @@ class ImageStore(LoggingConfigurable):
         self.backend = open_backend(prefix, **options)
         self.signer = Signer(self.secret_file)
         self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
+        self._index = ManifestIndex(self.backend, self.signer, self.log)
+        self._collected_at = -float("inf")
 
     # -- writing -------------------------------------------------------------------------
 
@@ -211,31 +225,25 @@ class ImageStore(LoggingConfigurable):
             raise IntegrityError(f"image {image_id}: manifest names another id, refusing it")
         return manifest
 
-    def iter_manifests(self) -> Iterator[tuple[str, dict[str, Any] | None, str | None]]:
-        """(id, manifest or None, error) for every image, newest first; bad ones are named."""
-        entries = []
-        for image_id in self.image_ids():
-            try:
-                entries.append((image_id, self.load_manifest(image_id), None))
-            except (IntegrityError, ImageNotFound) as exc:
-                entries.append((image_id, None, str(exc)))
-            except OSError as exc:  # e.g. a file another user put here, unreadable to us
-                entries.append((image_id, None, f"image {image_id}: cannot read it ({exc})"))
-        for image_id, _, error in entries:
-            if error:
-                self.log.debug("Skipping image %s: %s", image_id, error)
-        entries.sort(key=lambda e: (e[1] or {}).get("created", ""), reverse=True)
-        yield from entries
+    def iter_manifests(self) -> Iterator[Entry]:
+        """(id, summary or None, error) for every image, newest first; bad ones are named.
+
+        A summary is the verified manifest without its byte layout and input history
+        (:func:`.index.summary`); :meth:`open` gives the whole manifest. Summaries come
+        from the signed index where it is current (:mod:`.index`), so a listing reads
+        only the manifests that are new since."""
+        yield from self._index.scan(self.load_manifest, self._pool.map, self.index_slack)
 
     def resolve(self, ref: str) -> str:
         """An image id from an id, a unique id prefix, or a name (the newest image of it)."""
         check_ref(ref)
         if ID_RE.match(ref) and self.backend.exists(manifest_path(ref)):
             return ref
-        named = [(m["created"], i) for i, m, _ in self.iter_manifests() if m and m["name"] == ref]
+        entries = list(self.iter_manifests())
+        named = [(m["created"], i) for i, m, _ in entries if m and m["name"] == ref]
         if named:
             return max(named)[1]
-        prefixed = [i for i in self.image_ids() if i.startswith(ref)] if len(ref) >= 4 else []
+        prefixed = [i for i, _, _ in entries if i.startswith(ref)] if len(ref) >= 4 else []
         if len(prefixed) == 1:
             return prefixed[0]
         if len(prefixed) > 1:
@@ -351,7 +359,10 @@ class ImageStore(LoggingConfigurable):
 
     def expired(self, pinned: set[str], now: float | None = None) -> list[str]:
         """Image ids the retention rules remove, oldest first. Images in ``pinned``
-        (needed by suspended kernels) and images that fail to load are never chosen."""
+        (needed by suspended kernels) and images that fail to load are never chosen.
+
+        Decided from the summaries (:meth:`iter_manifests`); only a quota that the images'
+        logical sizes together exceed needs their chunk lists, and so their manifests."""
         now = time.time() if now is None else now
         images = [(i, m) for i, m, _ in self.iter_manifests() if m is not None]  # newest first
         doomed: set[str] = set()
@@ -360,8 +371,11 @@ class ImageStore(LoggingConfigurable):
             doomed |= {i for i, m in images if _created(m) < cutoff}
         if self.max_images > 0:
             doomed |= {i for i, _ in images[self.max_images :]}
-        if self.quota_bytes > 0:
-            kept = [(i, m) for i, m in images if i not in doomed]
+        kept = [(i, m) for i, m in images if i not in doomed]
+        # Shared chunks count once, so the stored bytes are at most the logical sum.
+        if 0 < self.quota_bytes < sum(m["sizes"]["logical"] for _, m in kept):
+            layouts = dict(self._pool.map(self._chunks_of, [i for i, _ in kept]))
+            kept = [(i, layouts[i]) for i, _ in kept if layouts[i] is not None]
             while _stored_bytes(m for _, m in kept) > self.quota_bytes:
                 removable = [i for i, _ in kept if i not in pinned]
                 if not removable:
@@ -370,18 +384,35 @@ class ImageStore(LoggingConfigurable):
                 kept = [(i, m) for i, m in kept if i != removable[-1]]
         return [i for i, _ in reversed(images) if i in doomed and i not in pinned]
 
+    def _chunks_of(self, image_id: str) -> tuple[str, dict[str, Any] | None]:
+        try:
+            return image_id, self.load_manifest(image_id)
+        except (IntegrityError, ImageNotFound, OSError):
+            return image_id, None  # gone or not ours since it was listed: not ours to count
+
     def enforce_retention(
-        self, now: float | None = None, grace_seconds: float = GC_GRACE_SECONDS
+        self,
+        now: float | None = None,
+        grace_seconds: float = GC_GRACE_SECONDS,
+        collect: bool | None = True,
     ) -> RetentionResult:
         """Delete expired images, then unreferenced chunks.
         Unpacks as (image ids removed, chunk files removed, bytes freed).
 
-        Manifests go first and chunks after, through ``gc``: a crash in between leaves
-        only unreferenced chunks, which the next run removes."""
+        ``collect=None`` runs the chunk collection only if ``gc_interval`` has passed
+        since this store's last one: it walks every chunk file and reads every manifest,
+        too much to do after every save. Manifests go first and chunks after: a crash in
+        between, or a collection left for later, leaves only unreferenced chunks, which
+        the next collection removes."""
         removed = []
         for image_id in self.expired(self.records.pinned_images(), now):
             self.delete(image_id)
             removed.append(image_id)
+        if collect is None:
+            collect = time.monotonic() - self._collected_at >= self.gc_interval
+        if not collect:
+            return RetentionResult(removed, 0, 0)
+        self._collected_at = time.monotonic()
         result = self.gc(grace_seconds)
         return RetentionResult(removed, result.files, result.freed, result.notes)
 

@@ -39,8 +39,11 @@ def chunk_path(digest: str) -> str:
     return f"chunks/{digest[:2]}/{digest}"
 
 
+MANIFEST = "manifest.json"
+
+
 def manifest_path(image_id: str) -> str:
-    return f"images/{image_id}/manifest.json"
+    return f"images/{image_id}/{MANIFEST}"
 
 
 def check_ref(ref: str, what: str = "image name or id") -> str:

@@ -369,7 +369,8 @@ class CkptManager(LoggingConfigurable):
         suspend that already succeeded."""
         started = time.perf_counter()
         try:
-            removed, _, freed = await asyncio.to_thread(self.store.enforce_retention)
+            # Chunks are collected every ImageStore.gc_interval, not after every save.
+            removed, _, freed = await asyncio.to_thread(self.store.enforce_retention, collect=None)
         except (CkptError, OSError) as exc:
             self.log.warning("Retention failed: %s", exc)
             return []

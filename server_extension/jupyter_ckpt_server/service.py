@@ -90,7 +90,8 @@ class CkptService:
     async def list_images(self) -> list[dict[str, Any]]:
         entries = await asyncio.to_thread(lambda: list(self.manager.store.iter_manifests()))
         states = self._image_states()
-        node = self.node
+        valid = [m for _, m, _ in entries if m is not None]
+        verdicts = iter(compat.check_all(valid, self.node))
         images = []
         for image_id, manifest, error in entries:
             if manifest is None:
@@ -100,7 +101,7 @@ class CkptService:
                 {
                     **image_summary(manifest),
                     **states.get(image_id, {"state": "saved"}),
-                    "compatibility": compat.check(manifest, node),
+                    "compatibility": next(verdicts),
                 }
             )
         return images

@@ -48,3 +48,20 @@ def test_python_packages_and_gpus_can_make_it_incompatible():
         f"pytest 0.1 saved, {PYTEST} installed (major differs)",
         "needs a GPU (cuda:1) and this node has none",
     ]
+
+
+def test_many_images_get_the_verdict_of_their_own_environment():
+    images = [
+        manifest(packages={"pytest": PYTEST}),
+        manifest(python="2.7.18"),
+        manifest(packages={"pytest": PYTEST}, devices=["cuda:0"]),
+        manifest(packages={"pytest": PYTEST}),
+    ]
+    node = {"gpus": []}
+    assert compat.check_all(images, node) == [compat.check(m, node) for m in images]
+    assert [v["verdict"] for v in compat.check_all(images, node)] == [
+        "compatible",
+        "incompatible",
+        "incompatible",
+        "compatible",
+    ]
