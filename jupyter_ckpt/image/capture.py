@@ -170,9 +170,10 @@ def _write_stream(names: list[str], stream: Stream, writer: Any, part: int) -> l
     (one group, whose ``parts`` locate each variable in the stream; none if no variable
     was saved).
 
-    Host memory stays bounded by about two ``part``s besides the stream itself whatever
-    the state's size: device storages are copied to the host a part at a time as they are
-    written, and the pack of small buffers is written out whenever it reaches a part.
+    Host memory stays bounded by about two ``part``s besides the stream (whose chunks go
+    as they are written) whatever the state's size: device storages are copied to the
+    host a part at a time as they are written, and the pack of small buffers is written
+    out whenever it reaches a part.
     """
     if not names:
         return []
@@ -205,7 +206,11 @@ def _write_stream(names: list[str], stream: Stream, writer: Any, part: int) -> l
 
     entry = {
         "names": names,
-        "pickle": place(stream.data),  # queued as is: the stream is not written to again
+        "pickle": (
+            place(memoryview(stream.out.pieces[0]))
+            if stream.out.size <= PACK_MAX
+            else [writer.add_segment_parts(stream.out.drain()), 0, stream.out.size]
+        ),
         "buffers": [place(b) for b in stream.buffers],
         "parts": stream.parts,
     }

@@ -18,6 +18,7 @@ joblib/dask/ray ship, so its behaviour on notebook objects is well trodden.
 from __future__ import annotations
 
 import contextvars
+import functools
 import io
 import pickle
 import types
@@ -70,6 +71,10 @@ def _set_function_state(func: types.FunctionType, state: tuple[dict, dict]) -> N
                 continue
     for key, value in slots.items():
         setattr(func, key, value)
+
+
+def _lru_cache(func: Any, maxsize: int | None, typed: bool) -> Any:
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(func)
 
 
 def _rebuild_view(
@@ -172,6 +177,15 @@ def _rebuild_tensor(
     return tensor
 
 
+def _special(cls: type) -> bool:
+    """Whether instances of ``cls`` may reduce differently one from another (by value or
+    not, a view or an owner, on a device or not), so the answer for one does not hold
+    for its class."""
+    return issubclass(cls, (type, types.FunctionType, io.IOBase)) or (
+        (cls.__module__, cls.__name__) in (("numpy", "ndarray"), ("torch", "Tensor"))
+    )
+
+
 class CkptPickler(cloudpickle.Pickler):
     """Pickles one group of variables; records what it saw for grouping and the manifest."""
 
@@ -188,6 +202,8 @@ class CkptPickler(cloudpickle.Pickler):
         self.storages = storages
         self.modules: set[str] = set()
         self.devices: set[str] = set()
+        # Classes whose instances take pickle's own path (their module is in ``modules``).
+        self._plain: set[type] = set()
 
     def _buffer_callback(self, buffer: pickle.PickleBuffer) -> bool:
         raw = buffer.raw()
@@ -201,6 +217,14 @@ class CkptPickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         cls = type(obj)
+        if cls in self._plain:  # called for every instance: the common case goes first
+            return NotImplemented
+        reduced = self._reduce(obj, cls)
+        if reduced is NotImplemented and not _special(cls) and not hasattr(obj, "__qualname__"):
+            self._plain.add(cls)
+        return reduced
+
+    def _reduce(self, obj: Any, cls: type) -> Any:
         module = getattr(cls, "__module__", None)
         if module and module != "builtins":
             self.modules.add(module.partition(".")[0])
@@ -208,12 +232,35 @@ class CkptPickler(cloudpickle.Pickler):
             return self._reduce_ndarray(obj)
         if module == "torch" and cls.__name__ == "Tensor":
             return self._reduce_tensor(obj)
+        if module == "__main__" or getattr(obj, "__module__", None) == "__main__":
+            by_value = self._reduce_notebook_object(obj)
+            if by_value is not None:
+                return by_value
         if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)):
             # cloudpickle would save a file opened for reading as a StringIO copy of its
             # contents; a restore that hands back something else than a file is worse than
             # saying the file was not saved.
             raise TypeError(f"cannot save an open file ({getattr(obj, 'name', cls.__name__)!r})")
         return super().reducer_override(obj)
+
+    def _reduce_notebook_object(self, obj: Any) -> Any:
+        """Objects that name themselves as defined in the notebook (a decorated function)
+        would be pickled by reference to ``__main__``, where restore cannot find them: the
+        namespace is filled only once everything is loaded. ``lru_cache``/``cache``
+        wrappers are saved by value (their function, not their cache); any other is
+        refused, so that "saved" always means "comes back"."""
+        qualname = getattr(obj, "__qualname__", None)
+        if not isinstance(qualname, str) or isinstance(obj, (type, types.FunctionType)):
+            return None  # instances, and what cloudpickle saves by value itself
+        if isinstance(obj, functools._lru_cache_wrapper):
+            params = obj.cache_parameters()
+            return _lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
+        if isinstance(obj.__reduce_ex__(PROTOCOL), str):
+            raise pickle.PicklingError(
+                f"{type(obj).__name__} {qualname!r} is saved by reference to the notebook's "
+                "namespace, which a restore cannot look into"
+            )
+        return None
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         if func.__globals__ is not self.namespace:

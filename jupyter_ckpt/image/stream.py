@@ -35,11 +35,14 @@ import contextlib
 import io
 import pickle
 import pickletools
+import sys
+import threading
 import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..store import CHUNK_SIZE
 from . import pickler as _pickler
 
 # Opcodes that read the memo, and the one that writes it (the only one protocol 5 uses).
@@ -53,11 +56,45 @@ _LITERALS = frozenset(
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), range, types.ModuleType)
 
 
+class _Spool:
+    """The stream as whole chunks: no contiguous buffer that grows to the stream's size
+    (and is copied as it grows), and each chunk can go once it is written."""
+
+    def __init__(self) -> None:
+        self.pieces = [bytearray()]
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            if len(self.pieces[-1]) == CHUNK_SIZE:
+                self.pieces.append(bytearray())
+            room = CHUNK_SIZE - len(self.pieces[-1])
+            self.pieces[-1] += view[done : done + room]
+            done += room
+        self.size += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self.size
+
+    def truncate(self, size: int) -> None:
+        del self.pieces[size // CHUNK_SIZE + 1 :]
+        del self.pieces[-1][size - CHUNK_SIZE * (len(self.pieces) - 1) :]
+        self.size = size
+
+    def drain(self) -> Iterator[bytearray]:
+        """The chunks in order, each let go of here as it is handed out."""
+        while self.pieces:
+            yield self.pieces.pop(0)
+
+
 class Stream:
     """Writes variables one after another into one pickle stream."""
 
     def __init__(self, namespace: dict[str, Any]) -> None:
-        self.out = io.BytesIO()
+        self.out = _Spool()
         self.pickler = _pickler.CkptPickler(self.out, namespace, {})
         self.parts: list[list[int]] = []  # per variable: [start, end, first buffer]
         self.devices: set[str] = set()
@@ -72,7 +109,13 @@ class Stream:
         p.devices = set()
         probe: list[Any] = []
         try:
-            p.dump(value)
+            try:
+                p.dump(value)
+            except pickle.PicklingError as exc:
+                if not isinstance(exc.__cause__, RecursionError):
+                    raise
+                self._rewind(start, first, modules)
+                _deep(p.dump, value)
             p.dump(probe)
         except BaseException:
             self._rewind(start, first, modules)
@@ -88,18 +131,44 @@ class Stream:
         memo = p.memo.copy()  # {id: (index, object)}
         keep = memo[id(self._probe)][0] + 1 if self._probe is not None else 0
         p.memo = {k: v for k, v in memo.items() if v[0] < keep}
-        self.out.seek(start)
-        self.out.truncate()
+        self.out.truncate(start)
         del p.buffers[first:]
         p.modules = modules
 
     @property
-    def data(self) -> memoryview:
-        return self.out.getbuffer()
-
-    @property
     def buffers(self) -> list[Any]:
         return self.pickler.buffers
+
+
+# Pickling recurses in C once per level of nesting. A value nested deeper than Python's
+# recursion limit (a long linked list, a parse tree) is pickled again in a thread whose
+# stack has room for this many levels.
+DEEP_LEVELS = 1_000_000
+_DEEP_STACK = 1 << 30  # bytes of (virtual) stack: about 1 KiB a level
+
+
+def _deep(dump: Any, value: Any) -> None:
+    """``dump(value)`` with room for :data:`DEEP_LEVELS` levels of nesting."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            dump(value)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    limit = sys.getrecursionlimit()
+    size = threading.stack_size(_DEEP_STACK)
+    try:
+        sys.setrecursionlimit(max(limit, DEEP_LEVELS))
+        worker = threading.Thread(target=run, name="jupyter-ckpt-deep-pickle")
+        worker.start()
+        worker.join()
+    finally:
+        threading.stack_size(size)
+        sys.setrecursionlimit(limit)
+    if outcome:
+        raise outcome[0]
 
 
 class _Reader:
