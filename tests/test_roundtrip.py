@@ -149,6 +149,15 @@ step()
 base_t = torch.arange(100_000, dtype=torch.float32)
 view_t = base_t[2:5]
 """,
+    "numpy_torch": """
+np_owner = np.arange(100_000, dtype=np.float32)
+from_np = torch.from_numpy(np_owner)
+t_owner = torch.arange(50_000, dtype=torch.float64)
+as_np = t_owner.numpy()
+as_np_view = as_np[10:20]
+small_np = np.arange(6.0)
+small_t = torch.from_numpy(small_np)
+""",
     "wrapped": """
 import functools
 @functools.lru_cache(maxsize=64)
@@ -326,6 +335,7 @@ PROBES: dict[str, list[str]] = {
         "{k: v.tolist() for k, v in model.state_dict().items()}",
         "step()",
     ],
+    "numpy_torch": ["[float(np_owner.sum()), from_np[:4].tolist(), as_np[:4].tolist()]"],
     "wrapped": ["[fib(30), fib.cache_parameters(), square(7)]"],
     "deep": [
         "[_depth(linked, lambda x: x[1]), _depth(deep_tree, lambda t: t.child)]",
@@ -379,6 +389,12 @@ TRUTHS: dict[str, list[str]] = {
         "opt.state[model.weight]['exp_avg'].shape == model.weight.shape",
         "view_t.untyped_storage().data_ptr() == base_t.untyped_storage().data_ptr()",
         "view_t.storage_offset() == 2", "t_bf16.dtype == torch.bfloat16",
+    ],
+    "numpy_torch": [
+        "from_np.untyped_storage().data_ptr() == np_owner.ctypes.data",
+        "as_np.ctypes.data == t_owner.untyped_storage().data_ptr()",
+        "np.shares_memory(as_np_view, as_np)",
+        "small_t.untyped_storage().data_ptr() == small_np.ctypes.data",
     ],
     "wrapped": [
         "isinstance(fib, functools._lru_cache_wrapper) and fib.__wrapped__.__name__ == 'fib'",

@@ -121,12 +121,16 @@ class _DeviceSlot(bytearray):
 class _StorageRef:
     """One torch storage; pickle's memo makes every tensor on it share the rebuilt one."""
 
-    def __init__(self, storage: Any, device: str) -> None:
+    def __init__(self, storage: Any, device: str, array: Any = None) -> None:
         self.storage = storage
         self.device = device
+        self.address = storage.data_ptr()
+        self.array = array  # the numpy array whose memory this (CPU) storage is
         self._buffer: Any = None
 
     def __reduce__(self) -> tuple[Any, tuple]:
+        if self.array is not None:
+            return _storage_on_array, (self.array, self.storage.nbytes())
         if self._buffer is None:
             slot = self._out_of_band()  # an empty bytearray: test it against None
             self._buffer = self._host_copy() if slot is None else slot
@@ -202,6 +206,8 @@ class CkptPickler(cloudpickle.Pickler):
         self.storages = storages
         self.modules: set[str] = set()
         self.devices: set[str] = set()
+        # Arrays that own their memory, by address: tensors on that memory share it.
+        self._arrays: dict[int, Any] = {}
         # Classes whose instances take pickle's own path (their module is in ``modules``).
         self._plain: set[type] = set()
 
@@ -278,15 +284,22 @@ class CkptPickler(cloudpickle.Pickler):
         )
 
     def _reduce_ndarray(self, arr: Any) -> Any:
-        if arr.base is None or arr.dtype.hasobject:
-            return NotImplemented  # owners go through numpy's own (out-of-band) reduce
+        if arr.dtype.hasobject:
+            return NotImplemented
+        if arr.base is None:
+            return self._reduce_owner(arr)
         # The outermost ndarray of the chain: its own base may be foreign memory (a restored
         # array's base is the segment it was read into), which then travels with it.
         base = arr.base
         while type(base) is type(arr) and type(base.base) is type(arr):
             base = base.base
-        if type(base) is not type(arr) or base.dtype.hasobject:
-            return NotImplemented  # a view of foreign memory: saved as a copy
+        if _is_tensor(base):  # tensor.numpy(): the tensor's storage, shared
+            ref = self._storage_ref(base.detach())
+            return _on_storage(ref, arr, arr.__array_interface__["data"][0] - ref.address)
+        if type(base) is not type(arr):
+            return self._reduce_owner(arr)  # foreign memory: saved as a copy it will own
+        if base.dtype.hasobject:
+            return NotImplemented
         if not (base.flags.c_contiguous or base.flags.f_contiguous):
             return NotImplemented  # no single buffer to rebuild the view from
         offset = arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
@@ -302,15 +315,8 @@ class CkptPickler(cloudpickle.Pickler):
             return NotImplemented  # lazy conj/neg views: torch's own reduce keeps the bits
         requires_grad = tensor.requires_grad
         tensor = tensor.detach()
-        device = devices.device_ops.device_of(tensor)
-        self.devices.add(device)
-        storage = tensor.untyped_storage()
-        key = (device, storage.data_ptr())
-        ref = self.storages.get(key)
-        if ref is None or ref.storage.nbytes() != storage.nbytes():
-            ref = self.storages[key] = _StorageRef(storage, device)
         return _rebuild_tensor, (
-            ref,
+            self._storage_ref(tensor),
             tensor.storage_offset(),
             tuple(tensor.size()),
             tensor.stride(),
@@ -319,13 +325,64 @@ class CkptPickler(cloudpickle.Pickler):
         )
 
 
-def dumps(
-    obj: Any, namespace: dict[str, Any], storages: dict[tuple[str, int], _StorageRef]
-) -> tuple[bytes, CkptPickler]:
-    out = io.BytesIO()
-    pickler = CkptPickler(out, namespace, storages)
-    pickler.dump(obj)
-    return out.getvalue(), pickler
+    def _storage_ref(self, tensor: Any) -> _StorageRef:
+        """The one :class:`_StorageRef` of ``tensor``'s storage. A CPU storage over the
+        memory of a numpy array saved before (``torch.from_numpy``) is saved as that
+        array's memory, so the two share it again after restore."""
+        device = devices.device_ops.device_of(tensor)
+        self.devices.add(device)
+        storage = tensor.untyped_storage()
+        key = (device, storage.data_ptr())
+        ref = self.storages.get(key)
+        if ref is None or ref.storage.nbytes() != storage.nbytes():
+            owner = self._arrays.get(key[1]) if device == "cpu" else None
+            if owner is not None and owner.nbytes < storage.nbytes():
+                owner = None
+            ref = self.storages[key] = _StorageRef(storage, device, owner)
+        return ref
+
+    def _reduce_owner(self, arr: Any) -> Any:
+        """An array that owns its memory (or that will, once restored: one over foreign
+        memory): numpy's own (out-of-band) reduce, unless a tensor saved before lives on
+        that memory (``torch.from_numpy`` with the tensor saved first); then it is saved
+        as a view of the tensor's storage."""
+        address = arr.__array_interface__["data"][0]
+        if arr.nbytes and (arr.flags.c_contiguous or arr.flags.f_contiguous):
+            ref = self.storages.get(("cpu", address))
+            if ref is not None and ref.storage.nbytes() >= arr.nbytes:
+                return _on_storage(ref, arr, 0)
+            self._arrays[address] = arr
+        return NotImplemented
+
+
+def _is_tensor(obj: Any) -> bool:
+    cls = type(obj)
+    return cls.__module__.startswith("torch") and any(
+        (c.__module__, c.__name__) == ("torch", "Tensor") for c in cls.__mro__
+    )
+
+
+def _on_storage(ref: _StorageRef, arr: Any, offset: int) -> Any:
+    args = (ref, offset, arr.shape, arr.strides, arr.dtype)
+    return _array_on_storage, args if arr.flags.writeable else (*args, False)
+
+
+def _array_on_storage(
+    storage: Any, offset: int, shape: tuple, strides: tuple, dtype: Any, writeable: bool = True
+) -> Any:
+    import torch
+
+    u8 = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    return _rebuild_view(u8.numpy(), offset, shape, strides, dtype, writeable)
+
+
+def _storage_on_array(array: Any, nbytes: int) -> Any:
+    import numpy as np
+    import torch
+
+    flat = array if array.flags.c_contiguous else array.T
+    u8 = np.ndarray((nbytes,), dtype=np.uint8, buffer=flat)
+    return torch.from_numpy(u8).untyped_storage()
 
 
 def loads(data: memoryview, buffers: list[memoryview], namespace: dict[str, Any]) -> Any:
