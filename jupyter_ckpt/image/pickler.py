@@ -6,13 +6,18 @@ keep large buffers out of band and shared memory shared.
 * torch tensors are saved as (storage, offset, size, stride); each storage is one object,
   so tensors sharing a storage (a model's parameters and their views) share it again, and
   its bytes go out of band without the ``torch.save`` round trip;
+* numpy and torch sharing memory (``torch.from_numpy``, ``tensor.numpy()``): the one
+  saved second is saved as a view of the other's memory;
 * functions defined in the notebook keep the *kernel's* namespace as their globals instead
-  of the private copy cloudpickle would give them, so they see later changes as before.
+  of the private copy cloudpickle would give them, so they see later changes as before;
+  ``lru_cache`` wrappers of them are saved by value too, and anything else that would be
+  saved as a mere reference to the notebook is refused (restore could not resolve it).
 
 Why cloudpickle over dill: it is the faster of the two on the notebook-function case
-(it pickles code by value and everything else with the C pickler), it tracks dynamic
-classes so a class saved in two groups comes back as one class, and it is what
-joblib/dask/ray ship, so its behaviour on notebook objects is well trodden.
+(it pickles code by value and everything else with the C pickler), and it is what
+joblib/dask/ray ship, so its behaviour on notebook objects is well trodden. Its Python
+hook (``reducer_override``) runs once per object of a non-builtin class; it answers from
+a per-class cache after the first instance.
 """
 
 from __future__ import annotations
@@ -191,7 +196,8 @@ def _special(cls: type) -> bool:
 
 
 class CkptPickler(cloudpickle.Pickler):
-    """Pickles one group of variables; records what it saw for grouping and the manifest."""
+    """Pickles an image's variables (one stream: see :mod:`.stream`); records what it saw
+    for the manifest."""
 
     def __init__(
         self,
@@ -323,7 +329,6 @@ class CkptPickler(cloudpickle.Pickler):
             tensor.dtype,
             requires_grad,
         )
-
 
     def _storage_ref(self, tensor: Any) -> _StorageRef:
         """The one :class:`_StorageRef` of ``tensor``'s storage. A CPU storage over the
