@@ -144,6 +144,24 @@ def test_a_variable_that_fails_to_pickle_is_cut_out(store: ImageStore) -> None:
     assert restored["later"][0] is restored["first"]["k"]
 
 
+def test_a_failure_past_a_chunk_of_stream_is_cut_out(store: ImageStore) -> None:
+    """The stream is kept in 4 MiB chunks: cutting a failed variable out must work across
+    chunk boundaries, and what follows must land where the manifest says."""
+    filler = [bytes([i % 251]) * 1000 for i in range(3000)]  # ~3 MiB each, in band
+    namespace = {
+        "first": filler[:2500],
+        "bad": [*filler, threading.Lock()],
+        "later": filler[2500:],
+        "last": {"k": "v"},
+    }
+    manifest = image.capture(dict(namespace), namespace, store.writer(), name="chunks")
+    restored: dict[str, Any] = {}
+    report = image.restore(manifest, store.read_segments(manifest), restored)
+    assert list(report.missing) == ["bad"]
+    assert restored["first"] == filler[:2500] and restored["later"] == filler[2500:]
+    assert restored["last"] == {"k": "v"}
+
+
 FRAGILE = """
 class Fragile:
     def __init__(self, v):
