@@ -149,6 +149,48 @@ step()
 base_t = torch.arange(100_000, dtype=torch.float32)
 view_t = base_t[2:5]
 """,
+    "numpy_torch": """
+np_owner = np.arange(100_000, dtype=np.float32)
+from_np = torch.from_numpy(np_owner)
+t_owner = torch.arange(50_000, dtype=torch.float64)
+as_np = t_owner.numpy()
+as_np_view = as_np[10:20]
+small_np = np.arange(6.0)
+small_t = torch.from_numpy(small_np)
+""",
+    "wrapped": """
+import functools
+@functools.lru_cache(maxsize=64)
+def fib(n):
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+@functools.cache
+def square(x):
+    return x * x
+fib(25), square(3)
+class ByName:
+    # a decorator whose result pickles by reference to the notebook, as many do
+    def __init__(self, f):
+        functools.update_wrapper(self, f)
+    def __reduce__(self):
+        return self.__qualname__
+    def __call__(self, *args):
+        return self.__wrapped__(*args)
+@ByName
+def plus_one(x):
+    return x + 1
+""",
+    "deep": """
+class Tree:
+    def __init__(self, child):
+        self.child = child
+linked = None
+deep_tree = None
+deep_dict = level_dict = {}
+for level in range(40_000):
+    linked = [level, linked]
+    deep_tree = Tree(deep_tree)
+    level_dict["k"] = level_dict = {}
+""",
     "unsaveable": """
 import os, socket, threading
 gen = (n for n in range(3))
@@ -248,6 +290,8 @@ UNSAVEABLE = {
     "reader": "TypeError: cannot save an open file ('notes.txt')",
     "lock": "TypeError: cannot pickle '_thread.lock' object",
     "sock": "TypeError: cannot pickle 'socket' object",
+    "plus_one": "PicklingError: ByName 'plus_one' is saved by reference to the notebook's "
+    "namespace, which a restore cannot look into",
 }
 
 # Fingerprints of arrays: dtype, shape, memory order and the exact bytes.
@@ -261,6 +305,11 @@ def _fp(a):
     data = hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
     return [a.dtype.str, list(a.shape), bool(a.flags.f_contiguous),
             bool(a.flags.c_contiguous), data]
+def _depth(x, step):
+    n = 0
+    while x is not None:
+        x, n = step(x), n + 1
+    return n
 """
 
 # Evaluated in A after the save and in B after the restore: the results must be equal.
@@ -285,6 +334,12 @@ PROBES: dict[str, list[str]] = {
         "[str(t_bf16.dtype), t_bf16.view(torch.int16).tolist(), t_int.tolist()]",
         "{k: v.tolist() for k, v in model.state_dict().items()}",
         "step()",
+    ],
+    "numpy_torch": ["[float(np_owner.sum()), from_np[:4].tolist(), as_np[:4].tolist()]"],
+    "wrapped": ["[fib(30), fib.cache_parameters(), square(7)]"],
+    "deep": [
+        "[_depth(linked, lambda x: x[1]), _depth(deep_tree, lambda t: t.child)]",
+        "_depth(deep_dict, lambda d: d.get('k'))",
     ],
 }  # fmt: skip
 
@@ -335,6 +390,17 @@ TRUTHS: dict[str, list[str]] = {
         "view_t.untyped_storage().data_ptr() == base_t.untyped_storage().data_ptr()",
         "view_t.storage_offset() == 2", "t_bf16.dtype == torch.bfloat16",
     ],
+    "numpy_torch": [
+        "from_np.untyped_storage().data_ptr() == np_owner.ctypes.data",
+        "as_np.ctypes.data == t_owner.untyped_storage().data_ptr()",
+        "np.shares_memory(as_np_view, as_np)",
+        "small_t.untyped_storage().data_ptr() == small_np.ctypes.data",
+    ],
+    "wrapped": [
+        "isinstance(fib, functools._lru_cache_wrapper) and fib.__wrapped__.__name__ == 'fib'",
+        "isinstance(square, functools._lru_cache_wrapper)",
+    ],
+    "deep": ["linked[0] == 39_999 and type(deep_tree) is Tree", "level_dict == {}"],
 }  # fmt: skip
 
 

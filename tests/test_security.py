@@ -42,7 +42,7 @@ def payload(marker: Path) -> bytes:
 
 
 def group_of(manifest: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(g for g in manifest["groups"] if g["names"] == [name])
+    return next(g for g in manifest["groups"] if name in g["names"])
 
 
 def load_unchecked(store: ImageStore, image_id: str) -> None:

@@ -1,4 +1,4 @@
-"""Pure parts of the library: import records, grouping by sharing, references, sizes, and
+"""Pure parts of the library: import records, the one pickle stream, references, sizes, and
 the promise that the kernel side imports nothing heavy."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -23,11 +24,6 @@ from jupyter_ckpt.errors import InvalidReference
 from jupyter_ckpt.format import human_bytes
 from jupyter_ckpt.image.capture import import_record
 from jupyter_ckpt.store import ImageStore, check_ref
-
-
-def groups(manifest: dict[str, Any]) -> list[list[str]]:
-    return sorted(sorted(g["names"]) for g in manifest["groups"])
-
 
 # -- import_record ------------------------------------------------------------------------
 
@@ -98,10 +94,11 @@ def test_import_record_for_values(value: Any) -> None:
     assert import_record("v", value) is None
 
 
-# -- grouping ------------------------------------------------------------------------------
+# -- one stream, one pickle per variable ------------------------------------------------
 
 
-def test_sharing_joins_variables(store: ImageStore) -> None:
+def test_sharing_survives_one_stream(store: ImageStore) -> None:
+    """Every variable is its own pickle in one stream; the shared memo keeps sharing."""
     a = [1, 2]
     base = np.arange(200_000.0)
     model = torch.nn.Linear(2, 2)
@@ -114,39 +111,90 @@ def test_sharing_joins_variables(store: ImageStore) -> None:
         "opt": torch.optim.SGD(model.parameters(), lr=0.1),
         "factory": factory, "dd": collections.defaultdict(factory),
     }  # fmt: skip
-    assert groups(save_namespace(store, namespace)) == [
-        ["a", "b"], ["base", "view"], ["dd", "factory"], ["model", "opt"],
-    ]  # fmt: skip
+    manifest = save_namespace(store, namespace)
+    [group] = manifest["groups"]
+    assert group["names"] == list(namespace) and len(group["parts"]) == len(namespace)
+    sizes = {v["name"]: v["bytes"] for v in manifest["variables"]}
+    assert sizes["base"] >= base.nbytes > sizes["view"], "a shared buffer counts once, first"
+    restored = load_namespace(store, manifest["id"])
+    assert restored["b"] is restored["a"]
+    assert np.shares_memory(restored["view"], restored["base"])
+    assert restored["dd"].default_factory is restored["factory"]
+    assert restored["opt"].param_groups[0]["params"][0] is restored["model"].weight
 
 
-def test_values_without_identity_do_not_join(store: ImageStore) -> None:
-    """Equal dtypes, devices, enum members, strings or library functions are not sharing."""
-    text = "some shared text"
+def test_a_variable_that_fails_to_pickle_is_cut_out(store: ImageStore) -> None:
+    """It fails halfway, after other objects and a buffer of it were written: those must
+    not stay in the stream, and later variables that share them must still get them."""
+    shared = {"k": [1, 2]}
     namespace = {
-        "x1": np.arange(5.0), "x2": np.ones(200_000), "x3": np.zeros(3)[1:],
-        "t1": torch.zeros(3), "t2": torch.ones(100_000),
-        "f1": re.IGNORECASE, "f2": [re.IGNORECASE], "s1": text, "s2": [text],
-        "m1": {"fn": math.sqrt}, "m2": [math.sqrt], "n1": [None, 1], "n2": (None, 1),
-    }  # fmt: skip
-    assert groups(save_namespace(store, namespace)) == [[name] for name in sorted(namespace)]
-
-
-def test_instances_of_one_notebook_class_stay_apart(store: ImageStore) -> None:
-    """Reaching the same class (its methods, class attributes, copyreg's cached
-    ``__slotnames__``) is not sharing: one bad instance must not take the others down."""
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    exec(
-        "class Foo:\n    tags = []\n    def m(self):\n        return 1\n"
-        "a = Foo()\nb = Foo()\nholder = [a]\n",
-        namespace,
-    )
-    variables = {k: v for k, v in namespace.items() if not k.startswith("__")}
-    manifest = image.capture(variables, namespace, store.writer(), name="classes")
-    assert groups(manifest) == [["Foo"], ["a", "holder"], ["b"]]
+        "first": shared,
+        "bad": [shared, "text", np.ones(100_000), [shared["k"]], threading.Lock()],
+        "later": [shared["k"], shared, "text"],
+    }
+    manifest = image.capture(dict(namespace), namespace, store.writer(), name="cut")
+    status = {v["name"]: (v["status"], v.get("reason", "")) for v in manifest["variables"]}
+    assert status["bad"][0] == "lost" and "lock" in status["bad"][1]
+    assert manifest["groups"][0]["buffers"] == [], "the lost variable's buffer is not written"
     restored: dict[str, Any] = {}
-    image.restore(manifest, store.read_segments(manifest), restored)
-    assert type(restored["a"]) is restored["Foo"] is type(restored["b"])
-    assert restored["holder"][0] is restored["a"]
+    report = image.restore(manifest, store.read_segments(manifest), restored)
+    assert list(report.missing) == ["bad"]
+    assert restored["later"] == [[1, 2], {"k": [1, 2]}, "text"]
+    assert restored["later"][1] is restored["first"]
+    assert restored["later"][0] is restored["first"]["k"]
+
+
+def test_a_failure_past_a_chunk_of_stream_is_cut_out(store: ImageStore) -> None:
+    """The stream is kept in 4 MiB chunks: cutting a failed variable out must work across
+    chunk boundaries, and what follows must land where the manifest says."""
+    filler = [bytes([i % 251]) * 1000 for i in range(3000)]  # ~3 MiB each, in band
+    namespace = {
+        "first": filler[:2500],
+        "bad": [*filler, threading.Lock()],
+        "later": filler[2500:],
+        "last": {"k": "v"},
+    }
+    manifest = image.capture(dict(namespace), namespace, store.writer(), name="chunks")
+    restored: dict[str, Any] = {}
+    report = image.restore(manifest, store.read_segments(manifest), restored)
+    assert list(report.missing) == ["bad"]
+    assert restored["first"] == filler[:2500] and restored["later"] == filler[2500:]
+    assert restored["last"] == {"k": "v"}
+
+
+FRAGILE = """
+class Fragile:
+    def __init__(self, v):
+        self.v = v
+    def __setstate__(self, state):
+        if state["v"] == "bad" and FAIL:
+            raise RuntimeError("refusing to come back")
+        self.__dict__.update(state)
+text = "a shared string"
+bad = Fragile("bad")
+bad.note = text
+holder = {"it": [bad], "text": text}
+good = Fragile("ok")
+good.note = text
+after = [text, None, re.IGNORECASE, math.sqrt]
+"""
+
+
+def test_a_variable_that_fails_to_load_takes_only_what_needs_it(store: ImageStore) -> None:
+    """Restore goes on past a variable that fails to unpickle. Those that need its objects
+    are reported with its reason; those sharing only strings, constants, library functions
+    or its class come back."""
+    namespace: dict[str, Any] = {"__name__": "__main__", "re": re, "math": math}
+    exec(FRAGILE, namespace)
+    variables = {k: v for k, v in namespace.items() if not k.startswith("__")}
+    manifest = image.capture(variables, namespace, store.writer(), name="fragile")
+    restored: dict[str, Any] = {"FAIL": True}
+    report = image.restore(manifest, store.read_segments(manifest), restored)
+    reason = "RuntimeError: refusing to come back"
+    assert report.missing == {"bad": reason, "holder": reason}
+    assert type(restored["good"]) is restored["Fragile"]
+    assert restored["good"].note == restored["text"] == "a shared string"
+    assert restored["after"] == ["a shared string", None, re.IGNORECASE, math.sqrt]
 
 
 def test_views_stay_shared_after_a_second_generation(store: ImageStore) -> None:

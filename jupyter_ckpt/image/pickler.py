@@ -6,18 +6,25 @@ keep large buffers out of band and shared memory shared.
 * torch tensors are saved as (storage, offset, size, stride); each storage is one object,
   so tensors sharing a storage (a model's parameters and their views) share it again, and
   its bytes go out of band without the ``torch.save`` round trip;
+* numpy and torch sharing memory (``torch.from_numpy``, ``tensor.numpy()``): the one
+  saved second is saved as a view of the other's memory;
 * functions defined in the notebook keep the *kernel's* namespace as their globals instead
-  of the private copy cloudpickle would give them, so they see later changes as before.
+  of the private copy cloudpickle would give them, so they see later changes as before;
+  ``lru_cache`` wrappers of them are saved by value too, and anything else that would be
+  saved as a mere reference to the notebook is refused (restore could not resolve it).
 
 Why cloudpickle over dill: it is the faster of the two on the notebook-function case
-(it pickles code by value and everything else with the C pickler), it tracks dynamic
-classes so a class saved in two groups comes back as one class, and it is what
-joblib/dask/ray ship, so its behaviour on notebook objects is well trodden.
+(it pickles code by value and everything else with the C pickler), and it is what
+joblib/dask/ray ship, so its behaviour on notebook objects is well trodden. Its Python
+hook (``reducer_override``) runs once per object of a non-builtin class; it answers from
+a per-class cache after the first instance.
 """
 
 from __future__ import annotations
 
 import contextvars
+import copyreg
+import functools
 import io
 import pickle
 import types
@@ -72,6 +79,10 @@ def _set_function_state(func: types.FunctionType, state: tuple[dict, dict]) -> N
         setattr(func, key, value)
 
 
+def _lru_cache(func: Any, maxsize: int | None, typed: bool) -> Any:
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(func)
+
+
 def _rebuild_view(
     base: Any, offset: int, shape: tuple, strides: tuple, dtype: Any, writeable: bool = True
 ) -> Any:
@@ -116,12 +127,16 @@ class _DeviceSlot(bytearray):
 class _StorageRef:
     """One torch storage; pickle's memo makes every tensor on it share the rebuilt one."""
 
-    def __init__(self, storage: Any, device: str) -> None:
+    def __init__(self, storage: Any, device: str, array: Any = None) -> None:
         self.storage = storage
         self.device = device
+        self.address = storage.data_ptr()
+        self.array = array  # the numpy array whose memory this (CPU) storage is
         self._buffer: Any = None
 
     def __reduce__(self) -> tuple[Any, tuple]:
+        if self.array is not None:
+            return _storage_on_array, (self.array, self.storage.nbytes())
         if self._buffer is None:
             slot = self._out_of_band()  # an empty bytearray: test it against None
             self._buffer = self._host_copy() if slot is None else slot
@@ -172,8 +187,18 @@ def _rebuild_tensor(
     return tensor
 
 
+def _special(cls: type) -> bool:
+    """Whether instances of ``cls`` may reduce differently one from another (by value or
+    not, a view or an owner, on a device or not), so the answer for one does not hold
+    for its class."""
+    return issubclass(cls, (type, types.FunctionType, io.IOBase)) or (
+        (cls.__module__, cls.__name__) in (("numpy", "ndarray"), ("torch", "Tensor"))
+    )
+
+
 class CkptPickler(cloudpickle.Pickler):
-    """Pickles one group of variables; records what it saw for grouping and the manifest."""
+    """Pickles an image's variables (one stream: see :mod:`.stream`); records what it saw
+    for the manifest."""
 
     def __init__(
         self,
@@ -183,11 +208,19 @@ class CkptPickler(cloudpickle.Pickler):
     ) -> None:
         # host buffers (memoryviews) and device storages, in stream order
         self.buffers: list[memoryview | DeviceBuffer] = []
+        # cloudpickle's table is a ChainMap: looked up (a Python call and a KeyError) for
+        # every instance of a class without a reducer of its own. A dict merged now, the
+        # same lookups at C speed; the C pickler reads it in __init__.
+        self.dispatch_table = {**copyreg.dispatch_table, **cloudpickle.Pickler._dispatch_table}
         super().__init__(file, protocol=PROTOCOL, buffer_callback=self._buffer_callback)
         self.namespace = namespace
         self.storages = storages
         self.modules: set[str] = set()
         self.devices: set[str] = set()
+        # Arrays that own their memory, by address: tensors on that memory share it.
+        self._arrays: dict[int, Any] = {}
+        # Classes whose instances take pickle's own path (their module is in ``modules``).
+        self._plain: set[type] = set()
 
     def _buffer_callback(self, buffer: pickle.PickleBuffer) -> bool:
         raw = buffer.raw()
@@ -201,6 +234,14 @@ class CkptPickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         cls = type(obj)
+        if cls in self._plain:  # called for every instance: the common case goes first
+            return NotImplemented
+        reduced = self._reduce(obj, cls)
+        if reduced is NotImplemented and not _special(cls) and not hasattr(obj, "__qualname__"):
+            self._plain.add(cls)
+        return reduced
+
+    def _reduce(self, obj: Any, cls: type) -> Any:
         module = getattr(cls, "__module__", None)
         if module and module != "builtins":
             self.modules.add(module.partition(".")[0])
@@ -208,12 +249,35 @@ class CkptPickler(cloudpickle.Pickler):
             return self._reduce_ndarray(obj)
         if module == "torch" and cls.__name__ == "Tensor":
             return self._reduce_tensor(obj)
+        if module == "__main__" or getattr(obj, "__module__", None) == "__main__":
+            by_value = self._reduce_notebook_object(obj)
+            if by_value is not None:
+                return by_value
         if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)):
             # cloudpickle would save a file opened for reading as a StringIO copy of its
             # contents; a restore that hands back something else than a file is worse than
             # saying the file was not saved.
             raise TypeError(f"cannot save an open file ({getattr(obj, 'name', cls.__name__)!r})")
         return super().reducer_override(obj)
+
+    def _reduce_notebook_object(self, obj: Any) -> Any:
+        """Objects that name themselves as defined in the notebook (a decorated function)
+        would be pickled by reference to ``__main__``, where restore cannot find them: the
+        namespace is filled only once everything is loaded. ``lru_cache``/``cache``
+        wrappers are saved by value (their function, not their cache); any other is
+        refused, so that "saved" always means "comes back"."""
+        qualname = getattr(obj, "__qualname__", None)
+        if not isinstance(qualname, str) or isinstance(obj, (type, types.FunctionType)):
+            return None  # instances, and what cloudpickle saves by value itself
+        if isinstance(obj, functools._lru_cache_wrapper):
+            params = obj.cache_parameters()
+            return _lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
+        if isinstance(obj.__reduce_ex__(PROTOCOL), str):
+            raise pickle.PicklingError(
+                f"{type(obj).__name__} {qualname!r} is saved by reference to the notebook's "
+                "namespace, which a restore cannot look into"
+            )
+        return None
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         if func.__globals__ is not self.namespace:
@@ -231,15 +295,22 @@ class CkptPickler(cloudpickle.Pickler):
         )
 
     def _reduce_ndarray(self, arr: Any) -> Any:
-        if arr.base is None or arr.dtype.hasobject:
-            return NotImplemented  # owners go through numpy's own (out-of-band) reduce
+        if arr.dtype.hasobject:
+            return NotImplemented
+        if arr.base is None:
+            return self._reduce_owner(arr)
         # The outermost ndarray of the chain: its own base may be foreign memory (a restored
         # array's base is the segment it was read into), which then travels with it.
         base = arr.base
         while type(base) is type(arr) and type(base.base) is type(arr):
             base = base.base
-        if type(base) is not type(arr) or base.dtype.hasobject:
-            return NotImplemented  # a view of foreign memory: saved as a copy
+        if _is_tensor(base):  # tensor.numpy(): the tensor's storage, shared
+            ref = self._storage_ref(base.detach())
+            return _on_storage(ref, arr, arr.__array_interface__["data"][0] - ref.address)
+        if type(base) is not type(arr):
+            return self._reduce_owner(arr)  # foreign memory: saved as a copy it will own
+        if base.dtype.hasobject:
+            return NotImplemented
         if not (base.flags.c_contiguous or base.flags.f_contiguous):
             return NotImplemented  # no single buffer to rebuild the view from
         offset = arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
@@ -255,15 +326,8 @@ class CkptPickler(cloudpickle.Pickler):
             return NotImplemented  # lazy conj/neg views: torch's own reduce keeps the bits
         requires_grad = tensor.requires_grad
         tensor = tensor.detach()
-        device = devices.device_ops.device_of(tensor)
-        self.devices.add(device)
-        storage = tensor.untyped_storage()
-        key = (device, storage.data_ptr())
-        ref = self.storages.get(key)
-        if ref is None or ref.storage.nbytes() != storage.nbytes():
-            ref = self.storages[key] = _StorageRef(storage, device)
         return _rebuild_tensor, (
-            ref,
+            self._storage_ref(tensor),
             tensor.storage_offset(),
             tuple(tensor.size()),
             tensor.stride(),
@@ -271,14 +335,64 @@ class CkptPickler(cloudpickle.Pickler):
             requires_grad,
         )
 
+    def _storage_ref(self, tensor: Any) -> _StorageRef:
+        """The one :class:`_StorageRef` of ``tensor``'s storage. A CPU storage over the
+        memory of a numpy array saved before (``torch.from_numpy``) is saved as that
+        array's memory, so the two share it again after restore."""
+        device = devices.device_ops.device_of(tensor)
+        self.devices.add(device)
+        storage = tensor.untyped_storage()
+        key = (device, storage.data_ptr())
+        ref = self.storages.get(key)
+        if ref is None or ref.storage.nbytes() != storage.nbytes():
+            owner = self._arrays.get(key[1]) if device == "cpu" else None
+            if owner is not None and owner.nbytes < storage.nbytes():
+                owner = None
+            ref = self.storages[key] = _StorageRef(storage, device, owner)
+        return ref
 
-def dumps(
-    obj: Any, namespace: dict[str, Any], storages: dict[tuple[str, int], _StorageRef]
-) -> tuple[bytes, CkptPickler]:
-    out = io.BytesIO()
-    pickler = CkptPickler(out, namespace, storages)
-    pickler.dump(obj)
-    return out.getvalue(), pickler
+    def _reduce_owner(self, arr: Any) -> Any:
+        """An array that owns its memory (or that will, once restored: one over foreign
+        memory): numpy's own (out-of-band) reduce, unless a tensor saved before lives on
+        that memory (``torch.from_numpy`` with the tensor saved first); then it is saved
+        as a view of the tensor's storage."""
+        address = arr.__array_interface__["data"][0]
+        if arr.nbytes and (arr.flags.c_contiguous or arr.flags.f_contiguous):
+            ref = self.storages.get(("cpu", address))
+            if ref is not None and ref.storage.nbytes() >= arr.nbytes:
+                return _on_storage(ref, arr, 0)
+            self._arrays[address] = arr
+        return NotImplemented
+
+
+def _is_tensor(obj: Any) -> bool:
+    cls = type(obj)
+    return cls.__module__.startswith("torch") and any(
+        (c.__module__, c.__name__) == ("torch", "Tensor") for c in cls.__mro__
+    )
+
+
+def _on_storage(ref: _StorageRef, arr: Any, offset: int) -> Any:
+    args = (ref, offset, arr.shape, arr.strides, arr.dtype)
+    return _array_on_storage, args if arr.flags.writeable else (*args, False)
+
+
+def _array_on_storage(
+    storage: Any, offset: int, shape: tuple, strides: tuple, dtype: Any, writeable: bool = True
+) -> Any:
+    import torch
+
+    u8 = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    return _rebuild_view(u8.numpy(), offset, shape, strides, dtype, writeable)
+
+
+def _storage_on_array(array: Any, nbytes: int) -> Any:
+    import numpy as np
+    import torch
+
+    flat = array if array.flags.c_contiguous else array.T
+    u8 = np.ndarray((nbytes,), dtype=np.uint8, buffer=flat)
+    return torch.from_numpy(u8).untyped_storage()
 
 
 def loads(data: memoryview, buffers: list[memoryview], namespace: dict[str, Any]) -> Any:

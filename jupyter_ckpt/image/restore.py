@@ -4,8 +4,10 @@ Order matters for safety and for the user: every chunk is verified against its h
 its bytes reach the unpickler (segments are read group by group, so a restore never holds
 the whole image at once), every group is rebuilt aside, and only at the end are the rebuilt
 values swapped into the namespace in one step. A group that fails to unpickle names its
-variables and the reason; it never takes the others down with it. A chunk that fails its
-check aborts the whole restore and leaves the namespace as it was.
+variables and the reason; it never takes the others down with it (in the one stream of
+newer images, a variable fails alone, or with those that need its objects: see
+:mod:`.stream`). A chunk that fails its check aborts the whole restore and leaves the
+namespace as it was.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import devices, pickler
+from . import devices, pickler, stream
 
 
 @dataclass
@@ -68,7 +70,12 @@ def restore(
             names = group["names"]
             # Read (and verified) outside the try: a bad chunk fails the whole restore.
             data, buffers = view(group["pickle"]), [view(r) for r in group["buffers"]]
-            try:
+            if "parts" in group:  # one pickle per variable in one stream
+                values, missing = stream.load(data, buffers, names, group["parts"], namespace)
+                staged.update(values)
+                report.missing.update(missing)
+                continue
+            try:  # one pickle of the group's variables, as images before streams hold
                 value = pickler.loads(data, buffers, namespace)
             except Exception as exc:
                 for name in names:
