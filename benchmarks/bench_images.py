@@ -120,7 +120,7 @@ def image_payload(namespace: dict[str, Any], where: str) -> list[memoryview]:
     store = make_store(where, fsync=False)
     try:
         manifest = capture(dict(namespace), namespace, store.writer(), name="payload")
-        return store.read_segments(manifest)
+        return list(store.read_segments(manifest))  # segments are read on first use
     finally:
         store._pool.shutdown()
         shutil.rmtree(where)
