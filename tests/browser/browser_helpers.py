@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 
 from browser_lab import OUTPUT, Lab
 from playwright.sync_api import Locator, Page, expect
@@ -70,3 +72,11 @@ def confirm(page: Page, button: str) -> None:
 
 def toast(page: Page, text: str) -> Locator:
     return page.locator(".jp-toast-message").filter(has_text=text)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll the server (a few times a second, not to load it) until ``condition`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
