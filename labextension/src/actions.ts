@@ -194,8 +194,13 @@ export class CkptActions implements IRowActions {
   /** Ask before replacing a notebook's kernel that runs (open or not); a suspended one
    * keeps its image, so it is replaced without asking. */
   private async _confirmReplace(notebook: string): Promise<boolean> {
-    const sessions = [...this._app.serviceManager.sessions.running()];
-    const current = sessions.find(s => s.path === notebook)?.kernel?.id;
+    const manager = this._app.serviceManager.sessions;
+    await Promise.all([
+      manager.refreshRunning(),
+      this._kernels.refresh().catch(() => undefined)
+    ]);
+    const current = [...manager.running()].find(s => s.path === notebook)
+      ?.kernel?.id;
     if (!current || this._kernels.isSuspended(current)) {
       return true;
     }

@@ -84,7 +84,9 @@ export class SavedSessionsPanel extends ReactWidget {
             className="jp-CkptPanel-list"
             aria-label="Saved sessions, newest first"
           >
-            {model.rows.map(row => this._renderRow(row))}
+            {model.entries.map(entry =>
+              this._renderRow(entry.latest, entry.older)
+            )}
           </ul>
         )}
       </>
@@ -142,7 +144,8 @@ export class SavedSessionsPanel extends ReactWidget {
     return null;
   }
 
-  private _renderRow(row: ISessionRow): JSX.Element {
+  /** A row; with `older`, the head of a notebook's entry, its other images folded. */
+  private _renderRow(row: ISessionRow, older: ISessionRow[] = []): JSX.Element {
     const { image } = row;
     const now = Date.now();
     const note = this.model.noteFor(image.id);
@@ -253,6 +256,16 @@ export class SavedSessionsPanel extends ReactWidget {
           </p>
         )}
         {this._renderActions(row, label)}
+        {older.length > 0 && (
+          <details className="jp-CkptRow-older">
+            <summary>
+              {older.length} older image{older.length === 1 ? '' : 's'}
+            </summary>
+            <ul className="jp-CkptPanel-list">
+              {older.map(other => this._renderRow(other))}
+            </ul>
+          </details>
+        )}
       </li>
     );
   }

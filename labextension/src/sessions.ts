@@ -71,6 +71,40 @@ export function sessionRows(
   return rows.sort((a, b) => time(b) - time(a));
 }
 
+/** One notebook (or console kernel): the row it shows, and its older images folded. */
+export interface ISessionEntry {
+  /** The image of its suspended kernel if it has one, else its newest image. */
+  latest: ISessionRow;
+  /** Its other images, newest first. */
+  older: ISessionRow[];
+}
+
+/** What entry a row belongs to: its notebook, else the kernel that wrote it. */
+function entryKey(row: ISessionRow): string {
+  if (row.image.state !== 'invalid') {
+    if (row.notebook) {
+      return `notebook:${row.notebook}`;
+    }
+    if (row.image.kernel_id) {
+      return `kernel:${row.image.kernel_id}`;
+    }
+  }
+  return `image:${row.image.id}`;
+}
+
+/** One entry per notebook, in the order of the rows (newest first). */
+export function groupRows(rows: ISessionRow[]): ISessionEntry[] {
+  const entries = new Map<string, ISessionRow[]>();
+  for (const row of rows) {
+    const key = entryKey(row);
+    entries.set(key, [...(entries.get(key) ?? []), row]);
+  }
+  return [...entries.values()].map(group => {
+    const latest = group.find(row => row.suspendedKernel) ?? group[0];
+    return { latest, older: group.filter(row => row !== latest) };
+  });
+}
+
 /** Rows whose notebook path or image name contains `query`, ignoring case. */
 export function filterRows(rows: ISessionRow[], query: string): ISessionRow[] {
   const needle = query.trim().toLowerCase();
@@ -123,6 +157,11 @@ export class SavedSessionsModel {
 
   get rows(): ISessionRow[] {
     return filterRows(this._rows, this._query);
+  }
+
+  /** The rows that match the filter, one entry per notebook. */
+  get entries(): ISessionEntry[] {
+    return groupRows(this.rows);
   }
 
   /** Show `message` on an image's row, such as why a delete was refused. */

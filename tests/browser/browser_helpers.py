@@ -50,7 +50,21 @@ def open_panel(page: Page) -> Locator:
 
 
 def image_row(panel: Locator, image_id: str) -> Locator:
-    return panel.locator(f".jp-CkptRow[data-image-id^='{image_id}']")
+    """The row of an image, unfolded when it is one of a notebook's older images."""
+    selector = f".jp-CkptRow[data-image-id^='{image_id}']"
+    row = panel.locator(selector)
+    expect(row).to_be_attached()
+    folded = panel.locator("details.jp-CkptRow-older:not([open])").filter(
+        has=panel.page.locator(selector)
+    )
+    if folded.count():
+        folded.locator(":scope > summary").click()
+    return row
+
+
+def entries(panel: Locator) -> Locator:
+    """The panel's entries: one per notebook, older images folded inside."""
+    return panel.locator(":scope > .jp-CkptPanel-list > .jp-CkptRow")
 
 
 def saved_image_id(output: Locator) -> str:

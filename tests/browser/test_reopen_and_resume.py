@@ -8,6 +8,7 @@ from browser_helpers import (
     KERNEL_IDLE,
     STATUS,
     confirm,
+    entries,
     image_row,
     open_notebook,
     open_panel,
@@ -111,7 +112,11 @@ def test_resume_of_a_closed_notebook_replaces_its_suspended_kernel(page: Page, l
     expect(page.locator(".jp-NotebookPanel")).to_have_count(0)
 
     # the notebook is closed; its session still holds the suspended kernel (y = 8)
-    row = image_row(open_panel(page), image_id)
+    panel = open_panel(page)
+    entry = entries(panel).filter(has_text="replace.ipynb")
+    expect(entry).to_have_count(1)  # one entry per notebook: "seven" is folded in it
+    expect(entry.locator(".jp-CkptBadge.jp-mod-suspended")).to_have_count(1)
+    row = image_row(panel, image_id)
     row.get_by_role("button", name="Resume replace.ipynb").click()
     expect(toast(page, "Resumed replace.ipynb")).to_be_visible()
     expect(run_cell(page, "y")).to_contain_text("7")
@@ -153,3 +158,4 @@ def test_suspending_an_unchanged_kernel_adds_no_entry(page: Page, lab: Lab) -> N
     assert images() == before
     panel = open_panel(page)
     expect(panel.locator(".jp-CkptRow").filter(has_text="cycles.ipynb")).to_have_count(1)
+    expect(entries(panel).filter(has_text="cycles.ipynb")).to_have_count(1)
