@@ -8,7 +8,7 @@ import { showDetails } from './details';
 import { formatBytes } from './format';
 import { confirmSuspend, KernelStatusModel } from './kernelstatus';
 import { IRowActions } from './panel';
-import { ISessionRow, SavedSessionsModel } from './sessions';
+import { imageLabel, ISessionRow, SavedSessionsModel } from './sessions';
 import { ICkptApi, IResumeReply, IWriteReply } from './types';
 
 function reason(error: unknown): string {
@@ -85,23 +85,27 @@ export class CkptActions implements IRowActions {
     void this._sessions.refresh();
   }
 
+  /** Delete the row's image after a confirmation that names the image (its notebook
+   * file is not touched, and the wording must not suggest it is). */
   async remove(row: ISessionRow): Promise<void> {
+    const image = imageLabel(row.image);
     const result = await showDialog({
-      title: 'Delete saved session?',
-      body: `Delete image ${row.image.name ?? row.image.id} of ${row.title}? Its variables cannot be restored afterwards.`,
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+      title: 'Delete saved image?',
+      body: `Delete image ${image}${row.notebook ? ` of ${row.notebook}` : ''}? Its variables cannot be restored afterwards. The notebook file is not changed.`,
+      buttons: [
+        Dialog.cancelButton(),
+        Dialog.warnButton({ label: 'Delete image' })
+      ]
     });
     if (!result.button.accept) {
       return;
     }
     try {
       await this._api.deleteImage(row.image.id);
-      Notification.success(`Deleted ${row.title} (${row.image.id}).`, {
-        autoClose: 5000
-      });
+      Notification.success(`Deleted image ${image}.`, { autoClose: 5000 });
     } catch (error) {
-      // e.g. refused because a suspended kernel needs the image
-      const message = `Not deleted: ${reason(error)}`;
+      // e.g. refused because a kernel was suspended to it meanwhile
+      const message = `Image ${image} not deleted: ${reason(error)}`;
       this._sessions.note(row.image.id, message);
       Notification.error(message, { autoClose: false });
     }

@@ -7,6 +7,8 @@ import { exactTime, formatBytes, relativeTime } from './format';
 import { ckptIcon } from './icon';
 import { KernelStatusModel } from './kernelstatus';
 import {
+  deleteBlocked,
+  imageLabel,
   ISessionRow,
   RowAction,
   rowActions,
@@ -302,19 +304,28 @@ export class SavedSessionsPanel extends ReactWidget {
           Details
         </button>
       ),
-      delete: (
-        <button
-          key="delete"
-          className="jp-CkptButton jp-mod-warn"
-          onClick={() => void this._actions.remove(row)}
-          aria-label={`Delete ${label}`}
-        >
-          Delete
-        </button>
-      )
+      delete: this._renderDelete(row, label)
     };
     return (
       <div className="jp-CkptRow-actions">{actions.map(a => buttons[a])}</div>
+    );
+  }
+
+  /** Delete, or why not: aria-disabled rather than disabled, so that the reason in
+   * its tooltip shows on hover and reaches keyboard and screen reader users. */
+  private _renderDelete(row: ISessionRow, label: string): JSX.Element {
+    const blocked = deleteBlocked(row.image);
+    return (
+      <button
+        key="delete"
+        className="jp-CkptButton jp-mod-warn"
+        onClick={() => !blocked && void this._actions.remove(row)}
+        aria-label={`Delete ${label}`}
+        aria-disabled={blocked ? 'true' : undefined}
+        title={blocked ?? `Delete image ${imageLabel(row.image)}`}
+      >
+        Delete
+      </button>
     );
   }
 

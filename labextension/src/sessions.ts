@@ -28,6 +28,26 @@ export function rowActions(image: IImage): RowAction[] {
 }
 
 /**
+ * Why the row's image cannot be deleted now, or null: the server keeps an image that a
+ * suspended kernel (or a kernel whose restore of it failed) still needs.
+ */
+export function deleteBlocked(image: IImage): string | null {
+  if (image.state === 'suspended') {
+    return 'A suspended kernel needs this image to come back. Shut that kernel down, or run a cell in its notebook, to be able to delete it.';
+  }
+  if (image.state === 'restore-failed') {
+    return 'Kept for a kernel whose restore of it failed, to retry. Shut that kernel down, or restart it, to be able to delete it.';
+  }
+  return null;
+}
+
+/** "checkpoint-3 (3f9a2c51e0b4)": how a confirmation or notification names an image. */
+export function imageLabel(image: IImage): string {
+  const id = image.id.slice(0, 12);
+  return image.name ? `${image.name} (${id})` : id;
+}
+
+/**
  * The API path of a notebook the kernel recorded as a file-system path (kernels see
  * `JPY_SESSION_NAME`, an absolute path); null when it lies outside the server root.
  */
@@ -196,6 +216,13 @@ export class SavedSessionsModel {
     try {
       const images = await this._api.listImages();
       this._rows = sessionRows(images, this._kernelPaths(), this._serverRoot);
+      // a note about an image that is gone no longer applies
+      const ids = new Set(images.map(image => image.id));
+      for (const id of [...this._notes.keys()]) {
+        if (!ids.has(id)) {
+          this._notes.delete(id);
+        }
+      }
       this._state = 'ready';
       this._error = '';
     } catch (reason) {

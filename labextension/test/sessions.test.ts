@@ -2,8 +2,10 @@ import { describe, expect, it } from 'vitest';
 
 import {
   apiPath,
+  deleteBlocked,
   filterRows,
   groupRows,
+  imageLabel,
   rowActions,
   SavedSessionsModel,
   sessionRows
@@ -228,5 +230,25 @@ describe('groupRows', () => {
       ROOT
     );
     expect(groupRows(rows).map(e => e.older.length)).toEqual([0, 0]);
+  });
+});
+
+describe('deleteBlocked and imageLabel', () => {
+  it('says why an image a kernel needs cannot be deleted', () => {
+    const at = '2026-11-28T12:00:00Z';
+    expect(deleteBlocked(image('s', at))).toBeNull();
+    expect(deleteBlocked(image('p', at, { state: 'suspended' }))).toContain(
+      'A suspended kernel needs this image'
+    );
+    expect(
+      deleteBlocked(image('f', at, { state: 'restore-failed' }))
+    ).toContain('restore of it failed');
+  });
+  it('names an image by its name and short id, never by its notebook', () => {
+    const id = '3f9a2c51e0b4d6e7f8a9b0c1d2e3f4a5';
+    expect(imageLabel(image(id, '2026-11-28T12:00:00Z'))).toBe(
+      `img-${id} (3f9a2c51e0b4)`
+    );
+    expect(imageLabel({ id, state: 'saved' })).toBe('3f9a2c51e0b4');
   });
 });
