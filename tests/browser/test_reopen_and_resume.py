@@ -14,6 +14,7 @@ from browser_helpers import (
     open_panel,
     run_cell,
     saved_image_id,
+    screenshot,
     toast,
     wait_until,
 )
@@ -117,6 +118,7 @@ def test_resume_of_a_closed_notebook_replaces_its_suspended_kernel(page: Page, l
     expect(entry).to_have_count(1)  # one entry per notebook: "seven" is folded in it
     expect(entry.locator(".jp-CkptBadge.jp-mod-suspended")).to_have_count(1)
     row = image_row(panel, image_id)
+    screenshot(panel, "panel-entry-unfolded")
     row.get_by_role("button", name="Resume replace.ipynb").click()
     expect(toast(page, "Resumed replace.ipynb")).to_be_visible()
     expect(run_cell(page, "y")).to_contain_text("7")
