@@ -146,9 +146,9 @@ MUTANTS = [
         "control-messages-dropped",
         f"{SERVER}/websocket.py",
         "        self._queue.append(incoming_msg)\n"
-        '        if channel == "shell" or not suspended:\n'
+        '        if not suspended or (channel == "shell" and header.get("msg_type") in WAKING):\n'
         '            self._start_restore("message")\n',
-        '        if channel == "shell" or not suspended:\n'
+        '        if not suspended or (channel == "shell" and header.get("msg_type") in WAKING):\n'
         "            self._queue.append(incoming_msg)\n"
         '            self._start_restore("message")\n',
         (SAFETY,),

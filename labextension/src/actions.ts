@@ -8,7 +8,7 @@ import { showDetails } from './details';
 import { formatBytes } from './format';
 import { confirmSuspend, KernelStatusModel } from './kernelstatus';
 import { IRowActions } from './panel';
-import { ISessionRow, SavedSessionsModel } from './sessions';
+import { imageLabel, ISessionRow, SavedSessionsModel } from './sessions';
 import { ICkptApi, IResumeReply, IWriteReply } from './types';
 
 function reason(error: unknown): string {
@@ -48,7 +48,9 @@ export class CkptActions implements IRowActions {
   }
 
   /** Open the row's notebook on a kernel restored from its image (a console when the
-   * notebook is gone); a suspended kernel's row opens its notebook as it is. */
+   * notebook is gone); a suspended kernel's row opens its notebook as it is. The server
+   * makes the restored kernel the notebook's only one: the kernel the notebook had, open
+   * or not, is shut down, after the user agreed when it runs with state to lose. */
   async resume(row: ISessionRow): Promise<void> {
     try {
       const notebook =
@@ -59,16 +61,16 @@ export class CkptActions implements IRowActions {
         this._openOn(notebook, row.suspendedKernel);
         return;
       }
-      const open = notebook ? this._docManager.findWidget(notebook) : undefined;
-      if (open && !(await this._confirmReplace(notebook!))) {
+      if (notebook && !(await this._confirmReplace(notebook))) {
         return;
       }
-      // an unopened notebook gets its session from the server, and attaches to it on open
       const reply = await this._api.resume(
         row.image.id,
-        open || !notebook ? {} : { path: notebook }
+        notebook ? { path: notebook } : {}
       );
+      const open = notebook ? this._docManager.findWidget(notebook) : undefined;
       if (open) {
+        // the server moved the session already; this only switches the open widget
         await open.context.sessionContext.changeKernel({ id: reply.kernel.id });
         this._app.shell.activateById(open.id);
       } else {
@@ -83,23 +85,27 @@ export class CkptActions implements IRowActions {
     void this._sessions.refresh();
   }
 
+  /** Delete the row's image after a confirmation that names the image (its notebook
+   * file is not touched, and the wording must not suggest it is). */
   async remove(row: ISessionRow): Promise<void> {
+    const image = imageLabel(row.image);
     const result = await showDialog({
-      title: 'Delete saved session?',
-      body: `Delete image ${row.image.name ?? row.image.id} of ${row.title}? Its variables cannot be restored afterwards.`,
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+      title: 'Delete saved image?',
+      body: `Delete image ${image}${row.notebook ? ` of ${row.notebook}` : ''}? Its variables cannot be restored afterwards. The notebook file is not changed.`,
+      buttons: [
+        Dialog.cancelButton(),
+        Dialog.warnButton({ label: 'Delete image' })
+      ]
     });
     if (!result.button.accept) {
       return;
     }
     try {
       await this._api.deleteImage(row.image.id);
-      Notification.success(`Deleted ${row.title} (${row.image.id}).`, {
-        autoClose: 5000
-      });
+      Notification.success(`Deleted image ${image}.`, { autoClose: 5000 });
     } catch (error) {
-      // e.g. refused because a suspended kernel needs the image
-      const message = `Not deleted: ${reason(error)}`;
+      // e.g. refused because a kernel was suspended to it meanwhile
+      const message = `Image ${image} not deleted: ${reason(error)}`;
       this._sessions.note(row.image.id, message);
       Notification.error(message, { autoClose: false });
     }
@@ -189,10 +195,22 @@ export class CkptActions implements IRowActions {
     return result.button.accept;
   }
 
+  /** Ask before replacing a notebook's kernel that runs (open or not); a suspended one
+   * keeps its image, so it is replaced without asking. */
   private async _confirmReplace(notebook: string): Promise<boolean> {
+    const manager = this._app.serviceManager.sessions;
+    await Promise.all([
+      manager.refreshRunning(),
+      this._kernels.refresh().catch(() => undefined)
+    ]);
+    const current = [...manager.running()].find(s => s.path === notebook)
+      ?.kernel?.id;
+    if (!current || this._kernels.isSuspended(current)) {
+      return true;
+    }
     const result = await showDialog({
       title: 'Replace the kernel?',
-      body: `${notebook} is open. Resuming connects it to the restored kernel and shuts its current kernel down; that kernel's variables are lost unless you checkpoint it first.`,
+      body: `${notebook} has a running kernel. Resuming shuts it down and connects the notebook to the restored kernel; the running kernel's variables are lost unless you save its state first.`,
       buttons: [
         Dialog.cancelButton(),
         Dialog.warnButton({ label: 'Replace kernel' })

@@ -84,6 +84,25 @@ export function describeKernel(
   };
 }
 
+/**
+ * The messages that restore a suspended kernel (the server's `WAKING` list): running
+ * code, completion or inspection while typing, a widget talking to the kernel. What a
+ * frontend sends on connect (kernel info, comm info, history) is answered without it.
+ */
+const WAKING = new Set([
+  'execute_request',
+  'is_complete_request',
+  'complete_request',
+  'inspect_request',
+  'comm_open',
+  'comm_msg'
+]);
+
+/** Whether sending this message to a suspended kernel restores it. */
+export function wakesKernel(channel: string, msgType: string): boolean {
+  return channel === 'shell' && WAKING.has(msgType);
+}
+
 /** The server's view of every kernel, refreshed on demand (events, kernel activity). */
 export class KernelStatusModel {
   constructor(private readonly _api: Pick<ICkptApi, 'status'>) {}
@@ -105,7 +124,8 @@ export class KernelStatusModel {
     return this._kernels.get(kernelId)?.state === 'suspended';
   }
 
-  /** A message that needs the kernel was sent to it while it was suspended. */
+  /** A message that needs the kernel was sent to it while it was suspended: it reads as
+   * restoring until the server, asked after that, says whether it is. */
   markRestoring(kernelId: string, now: number): void {
     if (this.isSuspended(kernelId) && !this._restoring.has(kernelId)) {
       this._restoring.set(kernelId, now);
@@ -134,14 +154,20 @@ export class KernelStatusModel {
   }
 
   private async _load(): Promise<void> {
+    const asked = Date.now();
     try {
       const reply = await this._api.status();
       this._fetchedAt = Date.now();
       this._kernels = new Map(reply.kernels.map(k => [k.kernel_id, k]));
-      // a restore is over once the server sees the kernel running again
-      for (const id of [...this._restoring.keys()]) {
+      // The server's state wins: a restore is over once it sees the kernel running, and
+      // none is under way if it still says suspended when asked after the message.
+      for (const [id, since] of [...this._restoring]) {
         const state = this._kernels.get(id)?.state;
-        if (state === undefined || state === 'running') {
+        if (
+          state === undefined ||
+          state === 'running' ||
+          (state === 'suspended' && since < asked)
+        ) {
           this._restoring.delete(id);
         }
       }

@@ -7,6 +7,8 @@ import { exactTime, formatBytes, relativeTime } from './format';
 import { ckptIcon } from './icon';
 import { KernelStatusModel } from './kernelstatus';
 import {
+  deleteBlocked,
+  imageLabel,
   ISessionRow,
   RowAction,
   rowActions,
@@ -84,7 +86,9 @@ export class SavedSessionsPanel extends ReactWidget {
             className="jp-CkptPanel-list"
             aria-label="Saved sessions, newest first"
           >
-            {model.rows.map(row => this._renderRow(row))}
+            {model.entries.map(entry =>
+              this._renderRow(entry.latest, entry.older)
+            )}
           </ul>
         )}
       </>
@@ -142,7 +146,8 @@ export class SavedSessionsPanel extends ReactWidget {
     return null;
   }
 
-  private _renderRow(row: ISessionRow): JSX.Element {
+  /** A row; with `older`, the head of a notebook's entry, its other images folded. */
+  private _renderRow(row: ISessionRow, older: ISessionRow[] = []): JSX.Element {
     const { image } = row;
     const now = Date.now();
     const note = this.model.noteFor(image.id);
@@ -253,6 +258,16 @@ export class SavedSessionsPanel extends ReactWidget {
           </p>
         )}
         {this._renderActions(row, label)}
+        {older.length > 0 && (
+          <details className="jp-CkptRow-older">
+            <summary>
+              {older.length} older image{older.length === 1 ? '' : 's'}
+            </summary>
+            <ul className="jp-CkptPanel-list">
+              {older.map(other => this._renderRow(other))}
+            </ul>
+          </details>
+        )}
       </li>
     );
   }
@@ -289,19 +304,28 @@ export class SavedSessionsPanel extends ReactWidget {
           Details
         </button>
       ),
-      delete: (
-        <button
-          key="delete"
-          className="jp-CkptButton jp-mod-warn"
-          onClick={() => void this._actions.remove(row)}
-          aria-label={`Delete ${label}`}
-        >
-          Delete
-        </button>
-      )
+      delete: this._renderDelete(row, label)
     };
     return (
       <div className="jp-CkptRow-actions">{actions.map(a => buttons[a])}</div>
+    );
+  }
+
+  /** Delete, or why not: aria-disabled rather than disabled, so that the reason in
+   * its tooltip shows on hover and reaches keyboard and screen reader users. */
+  private _renderDelete(row: ISessionRow, label: string): JSX.Element {
+    const blocked = deleteBlocked(row.image);
+    return (
+      <button
+        key="delete"
+        className="jp-CkptButton jp-mod-warn"
+        onClick={() => !blocked && void this._actions.remove(row)}
+        aria-label={`Delete ${label}`}
+        aria-disabled={blocked ? 'true' : undefined}
+        title={blocked ?? `Delete image ${imageLabel(row.image)}`}
+      >
+        Delete
+      </button>
     );
   }
 

@@ -28,6 +28,26 @@ export function rowActions(image: IImage): RowAction[] {
 }
 
 /**
+ * Why the row's image cannot be deleted now, or null: the server keeps an image that a
+ * suspended kernel (or a kernel whose restore of it failed) still needs.
+ */
+export function deleteBlocked(image: IImage): string | null {
+  if (image.state === 'suspended') {
+    return 'A suspended kernel needs this image to come back. Shut that kernel down, or run a cell in its notebook, to be able to delete it.';
+  }
+  if (image.state === 'restore-failed') {
+    return 'Kept for a kernel whose restore of it failed, to retry. Shut that kernel down, or restart it, to be able to delete it.';
+  }
+  return null;
+}
+
+/** "checkpoint-3 (3f9a2c51e0b4)": how a confirmation or notification names an image. */
+export function imageLabel(image: IImage): string {
+  const id = image.id.slice(0, 12);
+  return image.name ? `${image.name} (${id})` : id;
+}
+
+/**
  * The API path of a notebook the kernel recorded as a file-system path (kernels see
  * `JPY_SESSION_NAME`, an absolute path); null when it lies outside the server root.
  */
@@ -69,6 +89,40 @@ export function sessionRows(
   });
   const time = (row: ISessionRow) => Date.parse(row.image.created ?? '') || 0;
   return rows.sort((a, b) => time(b) - time(a));
+}
+
+/** One notebook (or console kernel): the row it shows, and its older images folded. */
+export interface ISessionEntry {
+  /** The image of its suspended kernel if it has one, else its newest image. */
+  latest: ISessionRow;
+  /** Its other images, newest first. */
+  older: ISessionRow[];
+}
+
+/** What entry a row belongs to: its notebook, else the kernel that wrote it. */
+function entryKey(row: ISessionRow): string {
+  if (row.image.state !== 'invalid') {
+    if (row.notebook) {
+      return `notebook:${row.notebook}`;
+    }
+    if (row.image.kernel_id) {
+      return `kernel:${row.image.kernel_id}`;
+    }
+  }
+  return `image:${row.image.id}`;
+}
+
+/** One entry per notebook, in the order of the rows (newest first). */
+export function groupRows(rows: ISessionRow[]): ISessionEntry[] {
+  const entries = new Map<string, ISessionRow[]>();
+  for (const row of rows) {
+    const key = entryKey(row);
+    entries.set(key, [...(entries.get(key) ?? []), row]);
+  }
+  return [...entries.values()].map(group => {
+    const latest = group.find(row => row.suspendedKernel) ?? group[0];
+    return { latest, older: group.filter(row => row !== latest) };
+  });
 }
 
 /** Rows whose notebook path or image name contains `query`, ignoring case. */
@@ -125,6 +179,11 @@ export class SavedSessionsModel {
     return filterRows(this._rows, this._query);
   }
 
+  /** The rows that match the filter, one entry per notebook. */
+  get entries(): ISessionEntry[] {
+    return groupRows(this.rows);
+  }
+
   /** Show `message` on an image's row, such as why a delete was refused. */
   note(imageId: string, message: string): void {
     this._notes.set(imageId, message);
@@ -157,6 +216,13 @@ export class SavedSessionsModel {
     try {
       const images = await this._api.listImages();
       this._rows = sessionRows(images, this._kernelPaths(), this._serverRoot);
+      // a note about an image that is gone no longer applies
+      const ids = new Set(images.map(image => image.id));
+      for (const id of [...this._notes.keys()]) {
+        if (!ids.has(id)) {
+          this._notes.delete(id);
+        }
+      }
       this._state = 'ready';
       this._error = '';
     } catch (reason) {

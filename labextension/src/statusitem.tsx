@@ -6,7 +6,11 @@ import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 import * as React from 'react';
 
-import { endsWithoutMessage, KernelStatusModel } from './kernelstatus';
+import {
+  endsWithoutMessage,
+  KernelStatusModel,
+  wakesKernel
+} from './kernelstatus';
 
 /** Seconds between status fetches while the kernel works in the background. */
 const BACKGROUND_POLL = 5;
@@ -112,7 +116,7 @@ export class KernelStatusItem extends ReactWidget {
   ): void {
     if (
       args.direction === 'send' &&
-      args.msg.header.msg_type !== 'kernel_info_request'
+      wakesKernel(args.msg.channel, args.msg.header.msg_type)
     ) {
       this._model.markRestoring(kernel.id, Date.now());
     }

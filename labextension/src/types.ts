@@ -13,8 +13,9 @@ export interface ICompatibility {
 /** One entry of `GET /api/ckpt/images`. */
 export interface IImage {
   id: string;
-  /** "saved", "suspended" (a suspended kernel needs it) or "invalid" (unreadable). */
-  state: 'saved' | 'suspended' | 'invalid';
+  /** "saved", "suspended" (a suspended kernel needs it), "restore-failed" (kept for a
+   * retry by the kernel whose restore of it failed) or "invalid" (unreadable). */
+  state: 'saved' | 'suspended' | 'restore-failed' | 'invalid';
   name?: string;
   created?: string;
   kernel_id?: string | null;

@@ -6,7 +6,8 @@ import {
   endsWithoutMessage,
   eventNotice,
   KernelStatusModel,
-  suspendWarning
+  suspendWarning,
+  wakesKernel
 } from '../src/kernelstatus';
 import { EVENT_SCHEMA, IKernelStatus } from '../src/types';
 
@@ -111,14 +112,38 @@ describe('KernelStatusModel', () => {
   }
 
   it('marks a suspended kernel restoring until the server sees it running', async () => {
-    const m = model(['suspended', 'suspended', 'running']);
+    const m = model(['suspended', 'restoring', 'running']);
     await m.refresh();
-    m.markRestoring('k1', Date.now());
+    m.markRestoring('k1', Date.now() - 1000);
     expect(m.describe('k1', Date.now())?.state).toBe('restoring');
     await m.refresh(); // a status fetched while the restore runs
     expect(m.describe('k1', Date.now())?.state).toBe('restoring');
     await m.refresh();
     expect(m.describe('k1', Date.now())?.state).toBe('running');
+  });
+
+  it('follows the server when it still says suspended after the message', async () => {
+    const m = model(['suspended']);
+    await m.refresh();
+    m.markRestoring('k1', Date.now() - 1000);
+    expect(m.describe('k1', Date.now())?.state).toBe('restoring');
+    await m.refresh(); // asked after the message: no restore is under way
+    expect(m.describe('k1', Date.now())?.text).toBe(
+      'Suspended · run a cell to resume'
+    );
+  });
+
+  it('restores a suspended kernel only for messages that need it', () => {
+    expect(wakesKernel('shell', 'execute_request')).toBe(true);
+    expect(wakesKernel('shell', 'complete_request')).toBe(true);
+    for (const probe of [
+      'kernel_info_request',
+      'comm_info_request',
+      'history_request'
+    ]) {
+      expect(wakesKernel('shell', probe)).toBe(false);
+    }
+    expect(wakesKernel('control', 'debug_request')).toBe(false);
   });
 
   it('does not mark running kernels restoring', async () => {

@@ -2,7 +2,10 @@ import { describe, expect, it } from 'vitest';
 
 import {
   apiPath,
+  deleteBlocked,
   filterRows,
+  groupRows,
+  imageLabel,
   rowActions,
   SavedSessionsModel,
   sessionRows
@@ -179,5 +182,73 @@ describe('SavedSessionsModel', () => {
     );
     expect(model.noteFor('b')).toBeUndefined();
     expect(changes).toBe(1);
+  });
+});
+
+describe('groupRows', () => {
+  it('makes one entry per notebook, its suspended kernel first, older images folded', () => {
+    const rows = sessionRows(
+      [
+        image('named', '2026-11-28T12:00:00Z', {
+          notebook_path: `${ROOT}/a.ipynb`
+        }),
+        image('pinned', '2026-11-28T11:00:00Z', {
+          notebook_path: `${ROOT}/a.ipynb`,
+          state: 'suspended',
+          kernel_id: 'k1'
+        }),
+        image('other', '2026-11-28T10:30:00Z', {
+          notebook_path: `${ROOT}/b.ipynb`
+        }),
+        image('first', '2026-11-28T10:00:00Z', {
+          notebook_path: `${ROOT}/a.ipynb`
+        }),
+        image('console', '2026-11-28T09:00:00Z', { kernel_id: 'k2' }),
+        image('console-old', '2026-11-28T08:00:00Z', { kernel_id: 'k2' })
+      ],
+      new Map(),
+      ROOT
+    );
+    const entries = groupRows(rows).map(e => [
+      e.latest.image.id,
+      e.older.map(r => r.image.id)
+    ]);
+    expect(entries).toEqual([
+      ['pinned', ['named', 'first']],
+      ['other', []],
+      ['console', ['console-old']]
+    ]);
+  });
+  it('never folds images that fail verification', () => {
+    const bad = { state: 'invalid' as const, kernel_id: 'k1' };
+    const rows = sessionRows(
+      [
+        image('x1', '2026-11-28T12:00:00Z', bad),
+        image('x2', '2026-11-28T11:00:00Z', bad)
+      ],
+      new Map(),
+      ROOT
+    );
+    expect(groupRows(rows).map(e => e.older.length)).toEqual([0, 0]);
+  });
+});
+
+describe('deleteBlocked and imageLabel', () => {
+  it('says why an image a kernel needs cannot be deleted', () => {
+    const at = '2026-11-28T12:00:00Z';
+    expect(deleteBlocked(image('s', at))).toBeNull();
+    expect(deleteBlocked(image('p', at, { state: 'suspended' }))).toContain(
+      'A suspended kernel needs this image'
+    );
+    expect(
+      deleteBlocked(image('f', at, { state: 'restore-failed' }))
+    ).toContain('restore of it failed');
+  });
+  it('names an image by its name and short id, never by its notebook', () => {
+    const id = '3f9a2c51e0b4d6e7f8a9b0c1d2e3f4a5';
+    expect(imageLabel(image(id, '2026-11-28T12:00:00Z'))).toBe(
+      `img-${id} (3f9a2c51e0b4)`
+    );
+    expect(imageLabel({ id, state: 'saved' })).toBe('3f9a2c51e0b4');
   });
 });

@@ -72,6 +72,14 @@ async def _shared(
     return await asyncio.shield(task)
 
 
+# what an image holds, as opposed to when, where and under which name it was written
+_CONTENT = ("kernel", "variables", "imports", "groups", "excluded", "devices", "environment")
+
+
+def _content(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {key: manifest.get(key) for key in _CONTENT}
+
+
 def _describe_lost(lost: dict[str, str]) -> str:
     return "; ".join(f"{name} ({why})" for name, why in lost.items())
 
@@ -275,7 +283,8 @@ class CkptManager(LoggingConfigurable):
     ) -> dict[str, Any]:
         km = self.kernel_manager
         started = time.perf_counter()
-        image_id = None
+        image_id = None  # the image the record names
+        written = None  # the image this suspend wrote, removed if the suspend fails
         recorded = False
         try:
             if km.is_suspended(kernel_id):
@@ -296,8 +305,16 @@ class CkptManager(LoggingConfigurable):
             self._check(self._suspend_aborts, kernel_id)
             usage = self.gpu_usage(kernel_id)
             summary = await self._write_image(kernel_id, None, self._timeout(deadline))
-            image_id = summary["id"]
+            image_id = written = summary["id"]
             self._check(self._suspend_aborts, kernel_id)
+            parent = await asyncio.to_thread(self._unchanged_parent, image_id)
+            if parent is not None:
+                # nothing changed since the image the kernel came from: keep that one, so
+                # that idle cycles of an untouched kernel do not pile up identical images
+                await asyncio.to_thread(self._forget_image, image_id)
+                written = None
+                image_id = parent["id"]
+                summary = {**summary, "id": image_id, "name": parent["name"]}
             # at shutdown the state is lost anyway: keep what can be kept
             if summary["lost"] and self.policy.on_unsaveable == "keep" and trigger != "shutdown":
                 raise SuspendFailed(
@@ -328,8 +345,8 @@ class CkptManager(LoggingConfigurable):
             km.ckpt_states.pop(kernel_id, None)
             if recorded:
                 await asyncio.to_thread(self._undo_record, kernel_id)
-            if image_id is not None:
-                await asyncio.to_thread(self._forget_image, image_id)
+            if written is not None:
+                await asyncio.to_thread(self._forget_image, written)
             self.record_failure("suspend", kernel_id, trigger, exc, started)
             raise (exc if isinstance(exc, SuspendFailed) else SuspendFailed(str(exc))) from exc
         finally:
@@ -379,6 +396,20 @@ class CkptManager(LoggingConfigurable):
         if removed:
             self.log.info("Retention removed %d image(s), %d bytes", len(removed), freed)
         return removed
+
+    def _unchanged_parent(self, image_id: str) -> dict[str, Any] | None:
+        """The manifest of the image's parent (the image the kernel last wrote or was
+        restored from) when both hold the same state: same variables and chunks, same
+        history, execution count, directory and environment. Manifests are JSON: nothing
+        is unpickled."""
+        manifest = self.store.open(image_id)
+        if not manifest.get("parent"):
+            return None
+        try:
+            parent = self.store.open(manifest["parent"])
+        except CkptError:
+            return None  # gone or unreadable: the new image is needed
+        return parent if _content(parent) == _content(manifest) else None
 
     def _undo_record(self, kernel_id: str) -> None:
         """Put back what an aborted suspend's record replaced: no record, or the one that

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 import time
 from typing import Any
 
@@ -126,14 +127,26 @@ class CkptService:
     async def resume(
         self, ref: str, path: str | None = None, kernel_name: str | None = None
     ) -> dict[str, Any]:
-        """Start a new kernel restored from an image, optionally with a notebook session."""
+        """Start a new kernel restored from an image; with ``path``, it becomes the kernel
+        of that notebook's session (see :meth:`_attach`)."""
         manager = self.manager
         km = manager.kernel_manager
         started = time.perf_counter()
         if path is not None:
             check_path(path, km.root_dir)
         image_id = await asyncio.to_thread(manager.store.resolve, ref)
-        kernel_id = await km.start_kernel(kernel_name=kernel_name, path=path)
+        if path:
+            # as the session manager starts a notebook's kernel: in the notebook's
+            # directory, with JPY_SESSION_NAME, so later images keep naming the notebook
+            kernel_id = await self.session_manager.start_kernel_for_session(
+                session_id="",
+                path=path,
+                name=posixpath.basename(path),
+                type="notebook",
+                kernel_name=kernel_name,
+            )
+        else:
+            kernel_id = await km.start_kernel(kernel_name=kernel_name)
         try:
             report = await manager.kernel_call(
                 kernel_id, f"restore({image_id!r})", manager.policy.checkpoint_timeout
@@ -142,14 +155,29 @@ class CkptService:
             await km.shutdown_kernel(kernel_id)
             manager.record_failure("resume", kernel_id, "api", exc, started)
             raise
-        session = None
-        if path:
-            session = await self.session_manager.create_session(
-                path=path, name=path, type="notebook", kernel_id=kernel_id
-            )
+        session = await self._attach(path, kernel_id) if path else None
         await manager.release_image(image_id)
         manager.record_event("resume", kernel_id, "api", started, report)
         return {"kernel": km.kernel_model(kernel_id), "session": session, "restore": report}
+
+    async def _attach(self, path: str, kernel_id: str) -> dict[str, Any]:
+        """Make ``kernel_id`` the one kernel of the notebook at ``path``: its existing
+        session (open or not) moves to the new kernel and the kernel it had is shut down,
+        so the notebook can never attach to the old kernel, nor leave the new one
+        orphaned. A suspended old kernel loses only its record: its image is kept."""
+        sessions = self.session_manager
+        existing = [s for s in await sessions.list_sessions() if s["path"] == path]
+        if not existing:
+            return await sessions.create_session(
+                path=path, name=posixpath.basename(path), type="notebook", kernel_id=kernel_id
+            )
+        old = {s["kernel"]["id"] for s in existing} - {kernel_id}
+        for session in existing:
+            await sessions.update_session(session["id"], kernel_id=kernel_id)
+        for old_id in old:
+            if old_id in self.manager.kernel_manager:
+                await self.manager.kernel_manager.shutdown_kernel(old_id)
+        return await sessions.get_session(session_id=existing[0]["id"])
 
     async def suspend_all(self, trigger: str, timeout: float | None = None) -> dict[str, Any]:
         """Suspend every running kernel that would lose state, in parallel, within

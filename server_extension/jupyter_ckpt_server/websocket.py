@@ -1,17 +1,21 @@
 """The kernel websocket, extended so a client can talk to a suspended kernel.
 
-A websocket to a suspended kernel is accepted and served by :class:`SuspendedConnection`:
-what frontends send on every connect must not wake a GPU kernel, so kernel-info requests
-are answered from the kernel info saved at suspend time and comm-info requests with no
-comms (a restored kernel has none). The first shell message that needs the kernel
-(execute, complete, inspect, history, comm) restores it; control and stdin messages (a
-debugger probing on connect) wait without waking it. Queued messages are then handed, in
-order, to the server's ordinary connection, which takes over the socket.
+A websocket to a suspended kernel is accepted and served by :class:`SuspendedConnection`.
+Reopening a notebook or console must not wake a GPU kernel, so what JupyterLab, Notebook 7
+and consoles send on every connect or reconnect is answered without the kernel: kernel
+info from the kernel info saved at suspend time, comm info with no comms (a restored
+kernel has none), and history from the input history in the kernel's image. Only the
+messages in :data:`WAKING` restore the kernel: running code, and completion or inspection
+while the user types. Any other message (a debugger probing on the control channel, a
+shutdown or interrupt request) waits, without waking the kernel, until it is restored.
+Queued messages are then handed, in order, to the server's ordinary connection, which
+takes over the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import json
 from typing import Any, ClassVar
 
@@ -30,6 +34,20 @@ from traitlets import Unicode
 
 V1 = "v1.kernel.websocket.jupyter.org"
 
+# The shell messages that restore a suspended kernel: the user ran code, or typed and
+# asked for completions or help, or a widget talked to the kernel. Nothing a frontend
+# sends on connect is here (kernel_info, comm_info and history are answered instead).
+WAKING = frozenset(
+    {
+        "execute_request",
+        "is_complete_request",
+        "complete_request",
+        "inspect_request",
+        "comm_open",
+        "comm_msg",
+    }
+)
+
 
 def parse_ws_message(ws_msg: str | bytes, subprotocol: str | None) -> tuple[str, dict]:
     """(channel, header) of a client message, in either websocket protocol."""
@@ -38,6 +56,36 @@ def parse_ws_message(ws_msg: str | bytes, subprotocol: str | None) -> tuple[str,
         return channel, json.loads(parts[0])
     msg = deserialize_binary_message(ws_msg) if isinstance(ws_msg, bytes) else json.loads(ws_msg)
     return msg.get("channel") or "shell", msg["header"]
+
+
+def parse_ws_content(ws_msg: str | bytes, subprotocol: str | None) -> dict[str, Any]:
+    """The content of a client message, in either websocket protocol."""
+    if subprotocol == V1:
+        _, parts = deserialize_msg_from_ws_v1(ws_msg)
+        return json.loads(parts[3])
+    msg = deserialize_binary_message(ws_msg) if isinstance(ws_msg, bytes) else json.loads(ws_msg)
+    return msg.get("content") or {}
+
+
+def select_history(raw: list[str], request: dict[str, Any]) -> list[list[Any]]:
+    """The ``(session, line, input)`` entries of a saved input history that a
+    ``history_request`` asks for (tail, range or search), as IPython would answer them
+    for its current session (session 0). ``raw[0]`` is IPython's empty line 0."""
+    entries = [[0, line, text] for line, text in enumerate(raw) if line > 0]
+    kind = request.get("hist_access_type")
+    if kind == "range":
+        start, stop = request.get("start") or 1, request.get("stop")
+        entries = [e for e in entries if e[1] >= start and (stop is None or e[1] < stop)]
+    elif kind == "search":
+        pattern = request.get("pattern") or "*"
+        entries = [e for e in entries if fnmatch.fnmatchcase(e[2], pattern)]
+    if request.get("unique"):
+        last = {e[2]: i for i, e in enumerate(entries)}  # keep each input's latest line
+        entries = [e for i, e in enumerate(entries) if last[e[2]] == i]
+    n = request.get("n")
+    if kind in ("tail", "search") and n:
+        entries = entries[-n:]
+    return entries
 
 
 class SuspendedConnection(BaseKernelWebsocketConnection):
@@ -57,6 +105,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         super().__init__(**kwargs)
         self._queue: list[str | bytes] = []
         self._upgrade: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[None]] = set()  # history replies being read
         self._closed = False
 
     @property
@@ -95,9 +144,32 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
             if msg_type == "comm_info_request":
                 self._reply(channel, header, "comm_info_reply", {"status": "ok", "comms": {}})
                 return
+            if msg_type == "history_request":
+                content = parse_ws_content(incoming_msg, self._protocol)
+                self._answer_history(channel, header, content)
+                return
         self._queue.append(incoming_msg)
-        if channel == "shell" or not suspended:
+        if not suspended or (channel == "shell" and header.get("msg_type") in WAKING):
             self._start_restore("message")
+
+    def _answer_history(self, channel: str, header: dict[str, Any], request: dict) -> None:
+        """Reply to a history request from the image, read on a thread (the manifest is
+        JSON: nothing is unpickled)."""
+        image_id = self.manager.kernel_manager.suspended[self.kernel_id]["image_id"]
+
+        async def answer() -> None:
+            try:
+                manifest = await asyncio.to_thread(self.manager.store.open, image_id)
+                raw = manifest.get("kernel", {}).get("history", {}).get("raw", [])
+                content = {"status": "ok", "history": select_history(raw, request)}
+            except Exception as exc:
+                self.log.warning("History of suspended kernel %s: %s", self.kernel_id, exc)
+                content = {"status": "ok", "history": []}
+            if not self._closed:
+                self._reply(channel, header, "history_reply", content)
+
+        self._pending.add(task := asyncio.ensure_future(answer()))
+        task.add_done_callback(self._pending.discard)
 
     def _start_restore(self, trigger: str) -> None:
         if self._upgrade is None:

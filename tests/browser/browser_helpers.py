@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 
 from browser_lab import OUTPUT, Lab
 from playwright.sync_api import Locator, Page, expect
@@ -48,7 +50,21 @@ def open_panel(page: Page) -> Locator:
 
 
 def image_row(panel: Locator, image_id: str) -> Locator:
-    return panel.locator(f".jp-CkptRow[data-image-id^='{image_id}']")
+    """The row of an image, unfolded when it is one of a notebook's older images."""
+    selector = f".jp-CkptRow[data-image-id^='{image_id}']"
+    row = panel.locator(selector)
+    expect(row).to_be_attached()
+    folded = panel.locator("details.jp-CkptRow-older:not([open])").filter(
+        has=panel.page.locator(selector)
+    )
+    if folded.count():
+        folded.locator(":scope > summary").click()
+    return row
+
+
+def entries(panel: Locator) -> Locator:
+    """The panel's entries: one per notebook, older images folded inside."""
+    return panel.locator(":scope > .jp-CkptPanel-list > .jp-CkptRow")
 
 
 def saved_image_id(output: Locator) -> str:
@@ -70,3 +86,11 @@ def confirm(page: Page, button: str) -> None:
 
 def toast(page: Page, text: str) -> Locator:
     return page.locator(".jp-toast-message").filter(has_text=text)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll the server (a few times a second, not to load it) until ``condition`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)

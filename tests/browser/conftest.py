@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_lab import CHROMIUM, CHROMIUM_ARGS, IDLE_TIMEOUT, OUTPUT, STEADY_KERNEL, Lab
+from browser_lab import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    IDLE_TIMEOUT,
+    OUTPUT,
+    REPO,
+    STEADY_KERNEL,
+    Lab,
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -76,6 +84,13 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             }
         )
     )
+    # the labextension built from this checkout, ahead of any installed copy: JUPYTER_PATH
+    # comes first (in a virtualenv the environment's directory precedes the user's)
+    build = REPO / "server_extension" / "jupyter_ckpt_server" / "labextension"
+    checkout = base / "checkout"
+    if (build / "package.json").exists():
+        (checkout / "labextensions").mkdir(parents=True)
+        (checkout / "labextensions" / "jupyter-ckpt").symlink_to(build)
     # no "get notified about Jupyter news?" toast over the screenshots
     news = base / "settings" / "@jupyterlab" / "apputils-extension"
     news.mkdir(parents=True)
@@ -86,6 +101,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         "JUPYTER_CKPT_SECRET_FILE": str(base / "secret"),
         "JUPYTER_CONFIG_DIR": str(base / "config"),
         "JUPYTER_DATA_DIR": str(data),
+        "JUPYTER_PATH": os.pathsep.join([str(checkout), os.environ.get("JUPYTER_PATH", "")]),
         "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
         "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),

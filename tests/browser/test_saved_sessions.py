@@ -69,7 +69,12 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
     use_theme(page, "JupyterLab Light")
 
     row.get_by_role("button", name="Delete details.ipynb").click()
-    confirm(page, "Delete")
+    # the confirmation and the notification name the image, not the notebook file
+    expect(page.locator(".jp-Dialog-content")).to_contain_text(
+        f"Delete image with-file ({image_id[:12]}) of details.ipynb?"
+    )
+    confirm(page, "Delete image")
+    expect(toast(page, f"Deleted image with-file ({image_id[:12]})")).to_be_visible()
     expect(row).to_have_count(0)
     assert not any(i["id"].startswith(image_id) for i in lab.api("GET", "api/ckpt/images"))
 

@@ -106,3 +106,31 @@ async def test_resume_starts_a_new_kernel_with_a_session(jp_fetch, connect, even
     assert (reply["status"], text_of(outputs)) == ("ok", "99")
     resume = [e for e in events if e["action"] == "resume"]
     assert [(e["status"], e["kernel_id"]) for e in resume] == [("success", new_id)]
+    # the resumed kernel's own images name its notebook
+    r = await jp_fetch("api", "ckpt", "kernels", new_id, "checkpoint", method="POST", body="{}")
+    later = await get_json(jp_fetch, "api", "ckpt", "images", json.loads(r.body)["id"])
+    assert later["notebook_path"].endswith("copy.ipynb")
+
+
+async def test_resume_into_a_notebook_with_a_kernel_replaces_that_kernel(
+    jp_fetch, connect, manager
+):
+    session_id, kernel_id = await start_session(jp_fetch, "mine.ipynb")
+    client = await connect(kernel_id)
+    await client.execute("v = 1")
+    await jp_fetch(
+        "api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body='{"name": "one"}'
+    )
+    await client.execute("v = 2")
+    await manager.suspend(kernel_id)
+
+    body = json.dumps({"path": "mine.ipynb"})
+    r = await jp_fetch("api", "ckpt", "images", "one", "resume", method="POST", body=body)
+    new_id = json.loads(r.body)["kernel"]["id"]
+    # one session, the notebook's own, now on the restored kernel; the old one is gone
+    sessions = await get_json(jp_fetch, "api", "sessions")
+    assert [(s["id"], s["kernel"]["id"]) for s in sessions] == [(session_id, new_id)]
+    assert [k["id"] for k in await get_json(jp_fetch, "api", "kernels")] == [new_id]
+    assert not manager.records.all()[0], "the suspended kernel's record went with it"
+    _, outputs = await (await connect(new_id)).execute("v")
+    assert text_of(outputs) == "1"

@@ -57,6 +57,10 @@ async def test_suspended_kernel_keeps_id_and_session_then_restores_on_execute(
     client.send("debug_request", {"command": "debugInfo"}, channel="control")
     comms = await client.reply_to(client.send("comm_info_request", {}))
     assert comms["content"] == {"status": "ok", "comms": {}}
+    # JupyterLab 4 asks for the input history on connect: answered from the image
+    tail = {"output": False, "raw": True, "hist_access_type": "tail", "n": 2}
+    history = await client.reply_to(client.send("history_request", tail))
+    assert [entry[2] for entry in history["content"]["history"]] == [code, WHERE]
     assert manager.kernel_manager.is_suspended(kernel_id)
 
     reply, outputs = await client.execute("print(y, x.sum())")
@@ -192,3 +196,24 @@ async def test_a_client_message_during_suspend_keeps_the_kernel(jp_fetch, connec
         await suspending
     assert manager.kernel_manager.is_running(kernel_id)
     assert manager.store.image_ids() == []
+
+
+async def test_suspending_an_unchanged_kernel_keeps_its_image(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("w = 3")
+    first = (await manager.suspend(kernel_id))["id"]
+    client = await connect(kernel_id)
+    # completion while typing wakes the kernel but changes nothing in it
+    request = {"code": "w", "cursor_pos": 1}
+    reply = await client.reply_to(client.send("complete_request", request))
+    assert reply["content"]["status"] == "ok"
+    kernel = manager.kernel_manager.get_kernel(kernel_id)
+    await poll(lambda: kernel.execution_state == "idle", what="the kernel to be idle")
+    assert (await manager.suspend(kernel_id))["id"] == first
+    assert [i["id"] for i in await get_json(jp_fetch, "api", "ckpt", "images")] == [first]
+    # once the kernel changed, its next suspend writes a new image
+    await (await connect(kernel_id)).execute("w = 4")
+    second = (await manager.suspend(kernel_id))["id"]
+    images = {i["id"] for i in await get_json(jp_fetch, "api", "ckpt", "images")}
+    assert second != first and images == {first, second}

@@ -1,0 +1,163 @@
+"""Reopening JupyterLab leaves suspended kernels suspended; resume and idle cycles keep one
+kernel and one entry per notebook, with the notebook named in every later image."""
+
+from __future__ import annotations
+
+import psutil
+from browser_helpers import (
+    KERNEL_IDLE,
+    STATUS,
+    confirm,
+    entries,
+    image_row,
+    open_notebook,
+    open_panel,
+    run_cell,
+    saved_image_id,
+    screenshot,
+    toast,
+    wait_until,
+)
+from browser_lab import IDLE_TIMEOUT, Lab
+from playwright.sync_api import Page, expect
+
+SUSPENDED = "Suspended · run a cell to resume"
+SUSPEND_WAIT = IDLE_TIMEOUT + 60
+
+
+def ckpt_state(lab: Lab, kernel_id: str) -> str | None:
+    kernels = {k["id"]: k for k in lab.api("GET", "api/kernels")}
+    return kernels[kernel_id]["ckpt"]["state"] if kernel_id in kernels else None
+
+
+def connections(lab: Lab, kernel_id: str) -> int:
+    return next(k["connections"] for k in lab.api("GET", "api/kernels") if k["id"] == kernel_id)
+
+
+def has_process(kernel_id: str) -> bool:
+    """A kernel process for ``kernel_id`` exists (its connection file names the id)."""
+    for process in psutil.process_iter(["cmdline"]):
+        if any(f"kernel-{kernel_id}.json" in part for part in process.info["cmdline"] or ()):
+            return True
+    return False
+
+
+def wait_suspended(lab: Lab, *kernel_ids: str) -> None:
+    wait_until(
+        lambda: all(ckpt_state(lab, k) == "suspended" for k in kernel_ids),
+        SUSPEND_WAIT,
+        f"kernels {kernel_ids} to be suspended",
+    )
+
+
+def open_console(page: Page) -> None:
+    """File > New > Console, on the default kernel (asked for: there are two specs)."""
+    page.locator(".lm-MenuBar-itemLabel:text-is('File')").click()
+    page.locator(".lm-Menu-itemLabel:text-is('New')").click()
+    page.locator(".lm-Menu-itemLabel:text-is('Console')").click()
+    confirm(page, "Select")
+    expect(page.locator(".jp-CodeConsole:not(.lm-mod-hidden)")).to_be_visible(timeout=30_000)
+
+
+def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> None:
+    first, second = lab.notebook("reopen-a.ipynb"), lab.notebook("reopen-b.ipynb")
+    open_notebook(page, lab, second)
+    run_cell(page, "b = 2")
+    page.goto(f"{lab.url}/lab/workspaces/{second.replace('.', '-')}/tree/{first}")
+    current_tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current")
+    expect(current_tab).to_contain_text(first)
+    expect(page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)).to_be_visible(
+        timeout=90_000
+    )
+    run_cell(page, "a = 1")
+    open_console(page)
+    expect(current_tab).to_contain_text("Console")
+    wait_until(lambda: len(lab.api("GET", "api/sessions")) >= 3, 60, "three sessions")
+    kernels = [s["kernel"]["id"] for s in lab.api("GET", "api/sessions")]
+    console = next(
+        s["kernel"]["id"] for s in lab.api("GET", "api/sessions") if s["type"] == "console"
+    )
+    wait_suspended(lab, *kernels)
+
+    # JupyterLab reconnects to all three and asks for kernel info, comm info and history
+    page.reload()
+    wait_until(lambda: all(connections(lab, k) > 0 for k in kernels), 90, "reconnects")
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(has_text=first).click()
+    status = page.locator(STATUS)
+    # the status follows the server: suspended, not "Restoring…" (defect 3)
+    expect(status).to_have_text(SUSPENDED, timeout=30_000)
+    assert all(ckpt_state(lab, k) == "suspended" for k in kernels)
+    assert not any(has_process(k) for k in kernels)
+
+    # running a cell restores that notebook's kernel only
+    expect(run_cell(page, "a + 41")).to_contain_text("42")
+    woken = lab.kernel_of(first)
+    assert ckpt_state(lab, woken) == "running" and has_process(woken)
+    asleep = [k for k in kernels if k != woken]
+    assert console in asleep
+    assert all(ckpt_state(lab, k) == "suspended" and not has_process(k) for k in asleep)
+    expect(status).to_contain_text("suspends in")
+
+
+def test_resume_of_a_closed_notebook_replaces_its_suspended_kernel(page: Page, lab: Lab) -> None:
+    notebook = lab.notebook("replace.ipynb")
+    open_notebook(page, lab, notebook)
+    run_cell(page, "%load_ext jupyter_ckpt")
+    run_cell(page, "y = 7")
+    image_id = saved_image_id(run_cell(page, "%ckpt save seven"))
+    run_cell(page, "y = 8")
+    old_kernel = lab.kernel_of(notebook)
+    wait_suspended(lab, old_kernel)
+    page.locator(".jp-mod-current .lm-TabBar-tabCloseIcon").click()
+    confirm(page, "Discard")
+    expect(page.locator(".jp-NotebookPanel")).to_have_count(0)
+
+    # the notebook is closed; its session still holds the suspended kernel (y = 8)
+    panel = open_panel(page)
+    entry = entries(panel).filter(has_text="replace.ipynb")
+    expect(entry).to_have_count(1)  # one entry per notebook: "seven" is folded in it
+    expect(entry.locator(".jp-CkptBadge.jp-mod-suspended")).to_have_count(1)
+    row = image_row(panel, image_id)
+    screenshot(panel, "panel-entry-unfolded")
+    row.get_by_role("button", name="Resume replace.ipynb").click()
+    expect(toast(page, "Resumed replace.ipynb")).to_be_visible()
+    expect(run_cell(page, "y")).to_contain_text("7")
+
+    sessions = [s for s in lab.api("GET", "api/sessions") if s["path"] == notebook]
+    assert len(sessions) == 1
+    new_kernel = sessions[0]["kernel"]["id"]
+    kernel_ids = {k["id"] for k in lab.api("GET", "api/kernels")}
+    assert new_kernel != old_kernel and old_kernel not in kernel_ids
+    # every kernel belongs to a session: none was left running without its notebook
+    assert kernel_ids <= {s["kernel"]["id"] for s in lab.api("GET", "api/sessions")}
+
+    # the resumed kernel's images still name the notebook (defect 4)
+    later = lab.api("POST", f"api/ckpt/kernels/{new_kernel}/checkpoint", {})
+    image = next(i for i in lab.api("GET", "api/ckpt/images") if i["id"] == later["id"])
+    assert image["notebook_path"].endswith("replace.ipynb")
+    expect(image_row(open_panel(page), later["id"])).to_contain_text("replace.ipynb")
+
+
+def test_suspending_an_unchanged_kernel_adds_no_entry(page: Page, lab: Lab) -> None:
+    notebook = lab.notebook("cycles.ipynb")
+    open_notebook(page, lab, notebook)
+    kernel_id = lab.kernel_of(notebook)
+    run_cell(page, "zeta = 1")
+    wait_suspended(lab, kernel_id)
+
+    def images() -> list[str]:
+        return [i["id"] for i in lab.api("GET", "api/ckpt/images") if i["kernel_id"] == kernel_id]
+
+    before = images()
+    assert len(before) == 1
+    # asking for completions wakes the kernel without changing it
+    cell = page.locator(".jp-NotebookPanel .jp-CodeCell").last
+    cell.locator(".cm-content").click()
+    page.keyboard.type("zet")
+    page.keyboard.press("Tab")
+    wait_until(lambda: ckpt_state(lab, kernel_id) == "running", 60, "the restore")
+    wait_suspended(lab, kernel_id)
+    assert images() == before
+    panel = open_panel(page)
+    expect(panel.locator(".jp-CkptRow").filter(has_text="cycles.ipynb")).to_have_count(1)
+    expect(entries(panel).filter(has_text="cycles.ipynb")).to_have_count(1)
