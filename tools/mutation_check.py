@@ -121,7 +121,8 @@ MUTANTS = [
     Mutant(
         "verify-failure-ignored",
         f"{SERVER}/manager.py",
-        '            raise SuspendFailed(f"the image failed verification: {exc}") from exc\n',
+        "            raise SuspendFailed("
+        'f"the image failed verification and was removed: {exc}") from exc\n',
         "            self.log.warning('verification: %s', exc)\n",
         (SAFETY,),
     ),
