@@ -20,6 +20,10 @@ RSS_PER_CYCLE = 512 << 10
 
 
 async def test_suspend_restore_cycles_keep_server_resources_flat(jp_fetch, connect, manager):
+    # jupyter_server keeps every websocket connection, and the kernel manager it served,
+    # until its kernel_info wait times out (a timer it never cancels; 60 s by default):
+    # a short wait lets the figures show what a cycle keeps for good, not for a minute
+    manager.kernel_manager.kernel_info_timeout = 2
     _, kernel_id = await start_session(jp_fetch)
     client = await connect(kernel_id)
     reply, _ = await client.execute("import numpy as np\nw = np.arange(100_000)\nn = 0")
