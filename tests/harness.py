@@ -13,7 +13,8 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -320,6 +321,21 @@ def load_namespace(store: ImageStore, ref: str) -> dict[str, Any]:
 def chunk_files(manifest: dict[str, Any]) -> set[str]:
     """The store paths of an image's chunks."""
     return {chunk_path(d) for s in manifest["segments"] for d, _ in s["chunks"]}
+
+
+@contextmanager
+def tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    """A small tmpfs mounted on ``directory``, for stores that run out of space (needs root:
+    a test that cannot mount one is skipped, which the suite counts as a failure)."""
+    import pytest
+
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)]
+    if subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

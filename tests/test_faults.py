@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import Kernel, KernelError, MotoServer, Outage, Paths, S3Paths, wait_for
+from harness import Kernel, KernelError, MotoServer, Outage, Paths, S3Paths, tmpfs, wait_for
 
 from jupyter_ckpt.store import ImageStore
 
@@ -181,11 +180,8 @@ def small_disk(tmp_path: Path) -> Iterator[Paths]:
     """A store on a 24 MiB tmpfs."""
     paths = Paths(tmp_path)
     paths.store.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(paths.store)]
-    if subprocess.run(mount, capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    yield paths
-    subprocess.run(["umount", "-l", str(paths.store)], check=True)
+    with tmpfs(paths.store, "24m"):
+        yield paths
 
 
 def test_full_disk_is_named_and_the_kernel_keeps_its_state(small_disk: Paths, kernels) -> None:

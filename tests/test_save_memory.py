@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from fake_devices import install
-from harness import Kernel, Paths, load_namespace
+from harness import Kernel, Paths, load_namespace, tmpfs
 
 from jupyter_ckpt.image import capture, devices
 from jupyter_ckpt.store import CHUNK_SIZE, ImageStore
@@ -70,14 +70,9 @@ def read_only_store(tmp_path: Path) -> Iterator[_BufferPaths]:
     """A store on a file system that turned read-only (as after a disk error)."""
     paths = _BufferPaths(tmp_path)
     paths.store.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(paths.store)]
-    if subprocess.run(mount, capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    try:
+    with tmpfs(paths.store, "16m"):
         subprocess.run(["mount", "-o", "remount,ro", str(paths.store)], check=True)
         yield paths
-    finally:
-        subprocess.run(["umount", "-l", str(paths.store)], check=True)
 
 
 def test_peak_host_memory_is_bounded_by_the_buffer(tmp_path: Path) -> None:
