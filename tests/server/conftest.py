@@ -19,7 +19,7 @@ from jupyter_ckpt_server.manager import CkptManager
 from jupyter_ckpt_server.monitor import IdleMonitor
 from jupyter_client.session import Session
 from pytest_jupyter.jupyter_server import *  # noqa: F403
-from server_helpers import Client
+from server_helpers import Client, python_kernelspec
 
 SERVER_CONFIG = {
     "ServerApp": {
@@ -64,19 +64,12 @@ def events(jp_serverapp: Any) -> list[dict[str, Any]]:
 @pytest.fixture
 def no_ckpt_kernel(jp_data_dir: Path) -> str:
     """A python kernel whose environment cannot import jupyter_ckpt."""
-    spec_dir = jp_data_dir / "kernels" / "no-ckpt"
-    spec_dir.mkdir(parents=True)
     launcher = (
         "import sys; sys.modules['jupyter_ckpt'] = None; "
         "from ipykernel.kernelapp import launch_new_instance; launch_new_instance()"
     )
-    spec = {
-        "argv": [sys.executable, "-c", launcher, "-f", "{connection_file}"],
-        "display_name": "Python without jupyter_ckpt",
-        "language": "python",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    return "no-ckpt"
+    argv = [sys.executable, "-c", launcher, "-f", "{connection_file}"]
+    return python_kernelspec(jp_data_dir, "no-ckpt", "Python without jupyter_ckpt", argv)
 
 
 @pytest.fixture

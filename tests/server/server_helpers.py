@@ -273,6 +273,16 @@ class ServerProcess:
         return time.monotonic() - started
 
 
+def python_kernelspec(data_dir: Path, name: str, display_name: str, argv: list[str]) -> str:
+    """Install a Python kernel spec ``name`` started by ``argv`` (with the placeholder
+    ``{connection_file}``) under a Jupyter data directory; its name."""
+    spec_dir = data_dir / "kernels" / name
+    spec_dir.mkdir(parents=True)
+    spec = {"argv": argv, "display_name": display_name, "language": "python"}
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    return name
+
+
 async def start_session(jp_fetch: Any, path: str = "work.ipynb") -> tuple[str, str]:
     """A notebook session as JupyterLab creates it: (session id, kernel id)."""
     body = {"path": path, "name": path, "type": "notebook", "kernel": {"name": "python3"}}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_helpers import FakeNvml, poll, text_of
+from server_helpers import FakeNvml, poll, python_kernelspec, text_of
 from tornado.httpclient import HTTPClientError
 
 from jupyter_ckpt.gpu import GpuProbe
@@ -233,19 +233,12 @@ async def test_suspend_now_sees_the_work_and_remains_the_users_choice(
 @pytest.fixture
 def launched_kernel(jp_data_dir: Path) -> str:
     """A kernel started through a launcher that stays its parent (as ``conda run`` does)."""
-    spec_dir = jp_data_dir / "kernels" / "launched"
-    spec_dir.mkdir(parents=True)
     launcher = (
         "import subprocess, sys; sys.exit(subprocess.call("
         "[sys.executable, '-m', 'ipykernel_launcher', '-f', sys.argv[1]]))"
     )
-    spec = {
-        "argv": [sys.executable, "-c", launcher, "{connection_file}"],
-        "display_name": "Python behind a launcher",
-        "language": "python",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    return "launched"
+    argv = [sys.executable, "-c", launcher, "{connection_file}"]
+    return python_kernelspec(jp_data_dir, "launched", "Python behind a launcher", argv)
 
 
 async def test_a_kernel_behind_a_launcher_is_not_a_child_process(
