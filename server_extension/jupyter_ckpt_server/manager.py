@@ -42,6 +42,11 @@ class SuspendFailed(CkptError):
     """A kernel could not be checkpointed or suspended; it keeps running."""
 
 
+class NothingToSave(SuspendFailed):
+    """The kernel holds no state to save: its process has died or is gone already, or it
+    is suspended already. Stopping its server loses nothing."""
+
+
 class Aborted(SuspendFailed):
     """A client or a kernels-API action needed the kernel: the suspend or restore stops."""
 
@@ -294,14 +299,14 @@ class CkptManager(LoggingConfigurable):
         recorded = False
         try:
             if km.is_suspended(kernel_id):
-                raise SuspendFailed(f"kernel {kernel_id} is already suspended")
+                raise NothingToSave(f"kernel {kernel_id} is already suspended")
             if not km.is_running(kernel_id):
-                raise SuspendFailed(f"kernel {kernel_id} is not running")
+                raise NothingToSave(f"kernel {kernel_id} is not running")
             kernel = km.get_kernel(kernel_id)
             if kernel.execution_state == "busy":
                 raise SuspendFailed("the kernel is busy")
             if not await ensure_async(kernel.is_alive()):
-                raise SuspendFailed("the kernel's process has died: there is no state to save")
+                raise NothingToSave("the kernel's process has died: there is no state to save")
             km.ckpt_states[kernel_id] = "suspending"
             # After every await up to the shutdown, a client message, restart, interrupt
             # or shutdown that arrived meanwhile aborts the suspend (see settle()).

@@ -13,7 +13,7 @@ from jupyter_server.utils import ApiPath, to_os_path
 from jupyter_ckpt import compat
 from jupyter_ckpt.errors import InvalidReference
 
-from .manager import CkptManager, SuspendFailed
+from .manager import CkptManager, NothingToSave, SuspendFailed
 from .monitor import IdleMonitor
 
 
@@ -181,27 +181,38 @@ class CkptService:
 
     async def suspend_all(self, trigger: str, timeout: float | None = None) -> dict[str, Any]:
         """Suspend every running kernel that would lose state, in parallel, within
-        ``timeout``; kernels that fail keep running and are listed with the reason."""
+        ``timeout``. ``failed``: kernels that keep running with their state, and why;
+        ``nothing_to_save``: kernels that turned out to hold none (died, gone, suspended
+        already); ``excluded``: kernels of ``exclude_kernel_names``, never saved."""
         manager = self.manager
         excluded = set(manager.policy.exclude_kernel_names)
         km = manager.kernel_manager
-        kernel_ids = [k for k in km.running_ids() if km.get_kernel(k).kernel_name not in excluded]
+        running = km.running_ids()
+        skipped = [k for k in running if km.get_kernel(k).kernel_name in excluded]
         tasks = {
             k: asyncio.ensure_future(manager.suspend(k, trigger=trigger, timeout=timeout))
-            for k in kernel_ids
+            for k in running
+            if k not in skipped
         }
         if tasks:
             await asyncio.wait(tasks.values(), timeout=timeout)
-        suspended, failed = [], {}
+        suspended, failed, nothing = [], {}, {}
         for kernel_id, task in tasks.items():
             if not task.done():
                 task.cancel()
                 failed[kernel_id] = f"not done within {timeout} s"
+            elif isinstance(task.exception(), NothingToSave):
+                nothing[kernel_id] = str(task.exception())
             elif task.exception() is not None:
                 failed[kernel_id] = str(task.exception())
             else:
                 suspended.append(kernel_id)
-        return {"suspended": suspended, "failed": failed}
+        return {
+            "suspended": suspended,
+            "failed": failed,
+            "nothing_to_save": nothing,
+            "excluded": skipped,
+        }
 
     async def status(self, kernel_id: str | None = None) -> dict[str, Any]:
         """Policy, node and every kernel; with ``kernel_id``, that kernel only, with its

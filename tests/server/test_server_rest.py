@@ -73,7 +73,12 @@ async def test_an_image_a_suspended_kernel_needs_cannot_be_deleted(jp_fetch, con
     _, kernel_id = await start_session(jp_fetch)
     await (await connect(kernel_id)).execute("x = 1")
     r = await jp_fetch("api", "ckpt", "suspend-all", method="POST", body="")
-    assert json.loads(r.body) == {"suspended": [kernel_id], "failed": {}}
+    assert json.loads(r.body) == {
+        "suspended": [kernel_id],
+        "failed": {},
+        "nothing_to_save": {},
+        "excluded": [],
+    }
     image_id = manager.records.get(kernel_id)["image_id"]
     images = await get_json(jp_fetch, "api", "ckpt", "images")
     assert [(i["id"], i["state"], i["kernel_id"]) for i in images] == [
