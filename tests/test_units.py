@@ -23,6 +23,7 @@ from jupyter_ckpt import image
 from jupyter_ckpt.errors import InvalidReference
 from jupyter_ckpt.format import human_bytes
 from jupyter_ckpt.image.capture import import_record
+from jupyter_ckpt.kernel.state import moved_cwd
 from jupyter_ckpt.store import ImageStore, check_ref
 
 # -- import_record ------------------------------------------------------------------------
@@ -303,3 +304,32 @@ def test_kernel_side_imports_nothing_heavy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert json.loads(out.stdout) == []
+
+
+@pytest.mark.parametrize(
+    ("cwd", "saved", "now", "expected"),
+    [
+        # a respawn on a node that mounts the home elsewhere: same place under the new root
+        (
+            "/n1/home/ann/data",
+            "/n1/home/ann/nb.ipynb",
+            "/n2/home/ann/nb.ipynb",
+            "/n2/home/ann/data",
+        ),
+        ("/n1/home/ann", "/n1/home/ann/sub/nb.ipynb", "/mnt/x/sub/nb.ipynb", "/mnt/x"),
+        # same notebook path, or no notebook known: the saved directory as it was
+        (
+            "/n1/home/ann/data",
+            "/n1/home/ann/nb.ipynb",
+            "/n1/home/ann/nb.ipynb",
+            "/n1/home/ann/data",
+        ),
+        ("/n1/home/ann/data", None, "/n2/home/ann/nb.ipynb", "/n1/home/ann/data"),
+        ("/n1/home/ann/data", "/n1/home/ann/nb.ipynb", None, "/n1/home/ann/data"),
+        # outside the notebook's root, or another notebook altogether: left alone
+        ("/tmp/scratch", "/n1/home/ann/nb.ipynb", "/n2/home/ann/nb.ipynb", "/tmp/scratch"),
+        ("/n1/home/ann/data", "/n1/home/ann/a.ipynb", "/n2/home/ann/b.ipynb", "/n1/home/ann/data"),
+    ],
+)
+def test_a_restored_working_directory_follows_the_notebook(cwd, saved, now, expected):
+    assert moved_cwd(cwd, saved, now) == expected

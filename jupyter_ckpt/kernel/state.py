@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import PurePath
 from typing import Any
 
 # IPython hides its own names (In, _i3, _3, exit, ...) in ``user_ns_hidden``; the names it
@@ -89,11 +90,31 @@ def expand_history(history: dict[str, Any]) -> tuple[list[str], list[str]]:
     return raw, [changes.get(str(i), raw[i] if i < len(raw) else "") for i in range(length)]
 
 
+def moved_cwd(cwd: str, saved_notebook: str | None, notebook: str | None) -> str:
+    """The saved working directory, moved as the notebook moved: a server respawned on a
+    node that mounts the home elsewhere runs the same notebook under another root, and the
+    directory the user was in is the same place relative to it."""
+    if not saved_notebook or not notebook or saved_notebook == notebook:
+        return cwd
+    old, new = PurePath(saved_notebook).parts, PurePath(notebook).parts
+    same = 0  # trailing parts both paths share: the notebook's path under its root
+    while same < min(len(old), len(new)) and old[-1 - same] == new[-1 - same]:
+        same += 1
+    if not same:
+        return cwd
+    old_root, new_root = PurePath(*old[: len(old) - same]), PurePath(*new[: len(new) - same])
+    try:
+        return str(new_root / PurePath(cwd).relative_to(old_root))
+    except ValueError:  # the user had gone outside the notebook's root
+        return cwd
+
+
 def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
     """Restore cwd, environment, execution count and history; return warnings."""
     warnings = []
     cwd = facts.get("cwd")
     if cwd:
+        cwd = moved_cwd(cwd, facts.get("notebook_path"), os.environ.get("JPY_SESSION_NAME"))
         try:
             os.chdir(cwd)
         except OSError as exc:

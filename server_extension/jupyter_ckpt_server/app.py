@@ -14,6 +14,7 @@ from traitlets import default
 from jupyter_ckpt.gpu import GpuProbe
 from jupyter_ckpt.store import ImageStore
 
+from . import startup
 from .handlers import default_handlers
 from .kernelmanager import CkptKernelManager
 from .manager import CkptManager
@@ -90,6 +91,7 @@ class CkptExtensionApp(ExtensionApp):
         self.handlers.extend(
             [
                 *default_handlers,
+                *startup.handlers,
                 (rf"/api/kernels/{_kernel_id_regex}/channels", CkptKernelWebsocketHandler),
             ]
         )
@@ -97,7 +99,12 @@ class CkptExtensionApp(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         if self.manager is None or self.monitor is None:
             return
-        await self.manager.load_records()
+        # kernel and session requests arriving from now on wait for the records
+        loaded = serverapp.web_app.settings[startup.SETTING] = asyncio.Event()
+        try:
+            await self.manager.load_records()
+        finally:
+            loaded.set()
         self.monitor.start()
         if self.policy.suspend_on_shutdown:
             self.stop_guard = StopGuard(serverapp, self.policy, self.log)

@@ -493,7 +493,7 @@ class CkptManager(LoggingConfigurable):
                 kernel_id=kernel_id,
                 kernel_name=record["kernel_name"],
                 path=record.get("path"),
-                env={**os.environ, **record.get("env", {})},
+                env={**os.environ, **record.get("env", {}), **self._notebook_env(record)},
             )
         except Exception as exc:
             record["state"] = "suspended"
@@ -532,6 +532,16 @@ class CkptManager(LoggingConfigurable):
             await asyncio.to_thread(self.records.delete, kernel_id)
             self.record_event("restore", kernel_id, trigger, started, report)
         return report
+
+    def _notebook_env(self, record: dict[str, Any]) -> dict[str, str]:
+        """JPY_SESSION_NAME of the kernel's notebook under this server's root: after a
+        respawn on a node that mounts the home elsewhere, the recorded one names a file of
+        the old node (the restored kernel maps its working directory from the two)."""
+        notebooks = [s for s in record.get("sessions", []) if s["type"] == "notebook"]
+        if self.session_manager is None or not notebooks:
+            return {}
+        env = self.session_manager.get_kernel_env(notebooks[0]["path"], notebooks[0]["name"])
+        return {"JPY_SESSION_NAME": env["JPY_SESSION_NAME"]}
 
     async def _settled(self, kernel_id: str, timeout: float = 10) -> None:
         """Wait until the server has seen the kernel go idle after our silent call. Until

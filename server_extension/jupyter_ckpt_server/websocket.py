@@ -32,6 +32,8 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
+from .startup import records_loaded
+
 V1 = "v1.kernel.websocket.jupyter.org"
 
 # The shell messages that restore a suspended kernel: the user ran code, or typed and
@@ -277,6 +279,7 @@ class CkptKernelWebsocketHandler(KernelWebsocketHandler):
         return self.settings["jupyter_ckpt_manager"]
 
     async def pre_get(self) -> None:
+        await records_loaded(self.settings)
         ckpt = self.ckpt
         if not ckpt.kernel_manager.is_suspended(self.kernel_id):
             return await super().pre_get()

@@ -1,0 +1,111 @@
+"""End to end with a real JupyterHub: the idle culler suspends a user's kernels before it
+stops the server, the user comes back to a server on another node, and the notebook's
+first cell finds its variables; a kernel that cannot be saved keeps its server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from hub_helpers import Hub
+from server_helpers import poll, start_session, text_of
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+# culled, respawned, restored and two refused rounds, on a loaded 2-core machine
+pytestmark = pytest.mark.timeout(900)
+
+
+async def run_cell(hub: Hub, user: str, kernel_id: str, code: str) -> str:
+    client = await hub.connect(user, kernel_id)
+    try:
+        reply, outputs = await client.execute(code)
+    finally:
+        client.close()
+    assert reply["status"] == "ok", text_of(outputs)
+    return text_of(outputs)
+
+
+async def stopped(hub: Hub, user: str) -> bool:
+    return await hub.server(user) is None
+
+
+def count(log: str, line: str) -> int:
+    return log.count(line)
+
+
+async def restore_event(hub: Hub, user: str) -> Any:
+    """A listener on the server's event stream (jupyter_server's /api/events/subscribe)."""
+    return await websocket_connect(
+        HTTPRequest(
+            f"ws://127.0.0.1:{hub.port}/user/{quote(user)}/api/events/subscribe",
+            headers={"Authorization": f"token {hub.token}"},
+        )
+    )
+
+
+async def next_restore(events: Any) -> dict[str, Any]:
+    while True:
+        message = await asyncio.wait_for(events.read_message(), 120)
+        assert message is not None, "the event stream closed"
+        event = json.loads(message)
+        if event.get("action") == "restore":
+            return event
+
+
+async def test_the_culler_saves_kernels_and_a_respawn_elsewhere_restores_them(hub, capsys):
+    await hub.start()
+    for user in ("alice", "bob"):
+        await hub.api("POST", f"users/{user}")
+    await asyncio.gather(*(hub.start_server(u, node="a") for u in ("alice", "bob")))
+
+    session_id, kernel_id = await start_session(hub.user_fetch("alice"), "work.ipynb")
+    await run_cell(hub, "alice", kernel_id, "x = 41")
+    _, bob_kernel = await start_session(hub.user_fetch("bob"), "data.ipynb")
+    await run_cell(hub, "bob", bob_kernel, "y = 1\nf = open(__import__('os').devnull)")
+
+    # once idle, alice's server is culled: its kernel was suspended first, by the arbiter
+    await poll(lambda: stopped(hub, "alice"), timeout=240, what="the culler to stop alice")
+    log = hub.log()
+    assert count(log, "Server alice/: kernels suspended, culling allowed") == 1
+    assert f"Suspended kernel {kernel_id} to image" in log
+    assert f"Kernel {kernel_id} was not suspended" not in log
+
+    # alice returns; her server starts on another node, with another root directory
+    returned = time.perf_counter()
+    spawn = await hub.start_server("alice", node="b")
+    sessions = await hub.user_json("alice", "api", "sessions")
+    assert [
+        (s["id"], s["path"], s["kernel"]["id"], s["kernel"]["ckpt"]["state"]) for s in sessions
+    ] == [(session_id, "work.ipynb", kernel_id, "suspended")]
+    events = await restore_event(hub, "alice")
+    try:
+        assert await run_cell(hub, "alice", kernel_id, "x + 1") == "42"
+        first_result = time.perf_counter() - returned
+        restore = await next_restore(events)
+    finally:
+        events.close()
+    assert restore["status"] == "success" and restore["kernel_id"] == kernel_id
+    cwd = await run_cell(hub, "alice", kernel_id, "import os; print(os.getcwd())")
+    assert cwd.strip() == str(hub.work / "nodes" / "b" / "home" / "alice")
+
+    kernel_start = restore["seconds"] - restore["write_seconds"]
+    with capsys.disabled():
+        print(
+            f"\nuser returns -> first cell result: {first_result:.1f} s = spawn {spawn:.1f} s"
+            f" + kernel start {kernel_start:.1f} s + restore {restore['write_seconds']:.2f} s"
+            f" + the rest {first_result - spawn - restore['seconds']:.1f} s"
+        )
+
+    # bob's open file cannot be saved (on_unsaveable = "keep"): the arbiter refuses the
+    # cull round after round and his kernel keeps running with its state
+    refusal = "Not culling server bob/: kernel"
+    await poll(lambda: count(hub.log(), refusal) >= 2, timeout=240, what="two refused culls of bob")
+    server = await hub.server("bob")
+    assert server is not None and server["ready"]
+    assert "Culling server bob" not in hub.log()
+    assert await run_cell(hub, "bob", bob_kernel, "print(y, f.closed)") == "1 False\n"
