@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -60,14 +61,28 @@ class Hub:
             "E2E_PROXY_API_PORT": str(free_port()),
             "E2E_PROXY": proxy_command(),
             "E2E_TOKEN": self.token,
-            "E2E_STORE": f"s3://{BUCKET}/{work.name}",
-            "E2E_FSSPEC_S3": json.dumps(storage),
+            "JUPYTER_CKPT_HUB_STORE": f"s3://{BUCKET}/{work.name}",
+            "JUPYTER_CKPT_HUB_SECRET_FILE": str(self.master_secret(work)),
+            "FSSPEC_S3": json.dumps(storage),
             "E2E_CULL_TIMEOUT": str(cull_timeout),
             "E2E_CULL_EVERY": str(cull_every),
             "CONFIGPROXY_AUTH_TOKEN": uuid.uuid4().hex,
         }
         self.log_path = work / "hub.log"
         self.process: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def master_secret(work: Path) -> Path:
+        path = work / "master-secret"
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o400)
+        return path
+
+    def describe_node(self, node: str, facts: dict[str, Any]) -> None:
+        """What the servers started on ``node`` take as their node facts."""
+        path = self.work / "nodes" / node / "facts.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(facts))
 
     async def start(self) -> None:
         self.process = subprocess.Popen(

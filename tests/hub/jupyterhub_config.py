@@ -10,6 +10,8 @@ from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 
+from jupyter_ckpt.hub import pre_spawn_hook
+
 c = get_config()  # noqa: F821 (defined by JupyterHub when it loads this file)
 work = Path(os.environ["E2E_DIR"])
 public_url = os.environ["E2E_PUBLIC_URL"]
@@ -49,11 +51,11 @@ c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
 c.Spawner.args = ["--ServerApp.allow_root=True"]
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
+# the store, user and per-user secret, from $JUPYTER_CKPT_HUB_STORE and the master secret
+c.Spawner.pre_spawn_hook = pre_spawn_hook
 c.Spawner.environment = {
     "JUPYTERHUB_ACTIVITY_INTERVAL": "2",
-    "JUPYTER_CKPT_STORE": os.environ["E2E_STORE"],
-    "FSSPEC_S3": os.environ["E2E_FSSPEC_S3"],
-    "JUPYTER_CKPT_SECRET_FILE": lambda spawner: str(work / "secrets" / spawner.user.name),
+    "FSSPEC_S3": os.environ["FSSPEC_S3"],
 }
 
 culler = [

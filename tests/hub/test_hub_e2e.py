@@ -16,6 +16,18 @@ from server_helpers import poll, start_session, text_of
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
+# Node facts of the two "nodes" servers start on (jupyter_ckpt.compat reads them instead
+# of probing): images without GPU tensors restore on either.
+CPU_NODE = {"available": False, "reason": "no GPU", "driver": None, "cuda": None, "gpus": []}
+A10_NODE = {
+    "available": True,
+    "driver": "535.104.05",
+    "cuda": "12.2",
+    "gpus": [
+        {"index": 0, "name": "NVIDIA A10", "compute_capability": "8.6", "memory_total": 23609475072}
+    ],
+}
+
 # culled, respawned, restored and two refused rounds, on a loaded 2-core machine
 pytestmark = pytest.mark.timeout(900)
 
@@ -58,6 +70,8 @@ async def next_restore(events: Any) -> dict[str, Any]:
 
 
 async def test_the_culler_saves_kernels_and_a_respawn_elsewhere_restores_them(hub, capsys):
+    hub.describe_node("a", CPU_NODE)
+    hub.describe_node("b", A10_NODE)
     await hub.start()
     for user in ("alice", "bob"):
         await hub.api("POST", f"users/{user}")
@@ -78,6 +92,8 @@ async def test_the_culler_saves_kernels_and_a_respawn_elsewhere_restores_them(hu
     # alice returns; her server starts on another node, with another root directory
     returned = time.perf_counter()
     spawn = await hub.start_server("alice", node="b")
+    status = await hub.user_json("alice", "api", "ckpt", "status")
+    assert status["node"]["gpus"] == A10_NODE["gpus"]
     sessions = await hub.user_json("alice", "api", "sessions")
     assert [
         (s["id"], s["path"], s["kernel"]["id"], s["kernel"]["ckpt"]["state"]) for s in sessions
