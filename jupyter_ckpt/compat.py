@@ -81,8 +81,8 @@ def _capability(text: str | None) -> tuple[int, int] | None:
         return None
 
 
-def _gib(n: int) -> str:
-    return f"{n / _GIB:.1f} GiB"
+def _size(n: int) -> str:
+    return f"{n / _GIB:.1f} GiB" if n >= _GIB else f"{n / (1 << 20):.1f} MiB"
 
 
 @dataclass
@@ -159,8 +159,8 @@ def gpu_check(needs: GpuNeeds, node: dict[str, Any]) -> tuple[list[str], list[st
     if needs.per_gpu > largest:
         device = max(needs.device_bytes, key=needs.device_bytes.__getitem__)
         problems.append(
-            f"needs {_gib(needs.per_gpu)} of GPU memory on one GPU ({device}); the largest "
-            f"GPU here ({biggest.get('name', 'unknown')}) has {_gib(largest)}"
+            f"needs {_size(needs.per_gpu)} of GPU memory on one GPU ({device}); the largest "
+            f"GPU here ({biggest.get('name', 'unknown')}) has {_size(largest)}"
         )
     best = max(
         (c for c in (_capability(g.get("compute_capability")) for g in gpus) if c), default=None
