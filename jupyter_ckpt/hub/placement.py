@@ -179,15 +179,20 @@ class SpawnHooks:
         return await asyncio.to_thread(self._read, spawner.user.name, chosen)
 
     def _read(self, user: str, chosen: str | None) -> Placement:
-        store = self.stores.open(user)
-        if store is None:
-            if chosen:
-                raise SpawnRefused(f"no saved sessions of {user} to resume {chosen!r} from")
-            return Placement()
         try:
-            return read_placement(store, chosen)
-        finally:
-            store.close()
+            store = self.stores.open(user)
+            if store is None:
+                if chosen:
+                    raise SpawnRefused(f"no saved sessions of {user} to resume {chosen!r} from")
+                return Placement()
+            try:
+                return read_placement(store, chosen)
+            finally:
+                store.close()
+        except OSError as exc:
+            # The user can still work; their server refuses to restore what it cannot.
+            log.error("Cannot read %s's saved sessions (%s): placing without them", user, exc)
+            return Placement()
 
     def target(self, spawner: Any) -> tuple[str, dict[str, Any]] | None:
         """(name, facts) of where the server will start, when they are known."""
