@@ -74,6 +74,7 @@ class CkptExtensionApp(ExtensionApp):
             kernel_manager=km,
             probe=GpuProbe(),
             emit=lambda data: event_logger.emit(schema_id=SCHEMA_ID, data=data),
+            session_manager=self.serverapp.session_manager,
         )
         self.monitor = IdleMonitor(self.manager)
         self.service = CkptService(self.manager, self.monitor, self.serverapp.session_manager)
