@@ -5,6 +5,7 @@ images of real stores written as on an H100, an A10 and a CPU-only node."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -254,3 +255,41 @@ def test_the_hub_package_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.replace("'", '"')) == []
+
+
+HUB_CONFIG = """
+import asyncio, json
+from jupyterhub import orm
+from jupyterhub.spawner import LocalProcessSpawner
+from jupyterhub.user import User
+from jupyter_ckpt.hub import pre_spawn_hook
+
+db = orm.new_session_factory("sqlite://")()
+db.add(orm.User(name="alice"))
+db.commit()
+spawner = LocalProcessSpawner(user=User(db.query(orm.User).first(), settings={}))
+asyncio.run(pre_spawn_hook(spawner))
+print(json.dumps(spawner.environment))
+"""
+
+
+def test_the_module_hooks_are_configured_by_the_hubs_environment(tmp_path):
+    """As hub.extraConfig uses them: the store and master secret from the environment."""
+    master = tmp_path / "master"
+    master.write_text(secrets.token_hex(32))
+    env = {
+        **os.environ,
+        "JUPYTER_CKPT_HUB_STORE": str(tmp_path / "store"),
+        "JUPYTER_CKPT_HUB_SECRET_FILE": str(master),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", HUB_CONFIG], env=env, capture_output=True, text=True, check=True
+    )
+    given = json.loads(run.stdout.splitlines()[-1])
+    assert given == UserStores(str(tmp_path / "store"), master.read_bytes()).environment("alice")
+    del env["JUPYTER_CKPT_HUB_SECRET_FILE"]
+    run = subprocess.run(
+        [sys.executable, "-c", HUB_CONFIG], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 1
+    assert "need JUPYTER_CKPT_HUB_SECRET_FILE in the hub's environment" in run.stderr
