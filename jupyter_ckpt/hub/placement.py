@@ -16,9 +16,10 @@ before ``Spawner.start()``, and KubeSpawner applies the chosen profile's
 ``kubespawner_override`` inside ``start()`` (``KubeSpawner._start`` calls
 ``load_user_options()``, which calls ``_load_profile``), then builds the pod with
 ``get_pod_manifest()`` and only then calls ``modify_pod_hook(spawner, pod)``
-(kubespawner/spawner.py, ``KubeSpawner._start``, 7.x). A ``node_affinity_required`` set in
-``pre_spawn_hook`` would be replaced by any profile that sets its own; added to the pod
-it holds whatever the profile says.
+(kubespawner/spawner.py, ``KubeSpawner._start``, 7.x). ``_apply_overrides`` merges a
+dict override into the trait (the environment set in ``pre_spawn_hook`` stays) but
+replaces a list: a ``node_affinity_required`` set in ``pre_spawn_hook`` would be lost to
+any profile that sets its own. Added to the pod, it holds whatever the profile says.
 """
 
 from __future__ import annotations
@@ -246,7 +247,8 @@ class SpawnHooks:
         return placement if placement is not None else await self.placement(spawner)
 
     async def modify_pod_hook(self, spawner: Any, pod: Any) -> Any:
-        """Add the placement to the pod KubeSpawner built (after the profile's overrides)."""
+        """Add the placement to the pod KubeSpawner built, after the profile's overrides
+        (not in ``pre_spawn_hook``: see the module's docstring)."""
         constraints = await self.constraints(spawner)
         if constraints["node_affinity_required"] or constraints["node_affinity_preferred"]:
             add_node_affinity(pod, constraints)
