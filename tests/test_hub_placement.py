@@ -160,6 +160,7 @@ async def test_an_a10_kernel_may_go_to_any_gpu_of_its_generation_or_newer(hub):
     assert preferred(on_h100) == [(100, [("nvidia.com/gpu.product", "In", ["NVIDIA-A10"])])]
     others = await pod_for(hooks, hub_user(hub, "bobby"), profile="h100")
     assert required(others) == [[("pool", "In", ["gpu"])]], "another user's images place nothing"
+    assert not (Path(hub["stores"].url) / "users" / "bobby").exists(), "the hub created nothing"
 
 
 async def test_a_cpu_only_kernel_adds_no_constraint(hub):
