@@ -1,9 +1,38 @@
-"""JupyterHub side of jupyter-ckpt: hooks for the hub and its idle culler.
+"""JupyterHub's side of jupyter-ckpt (DESIGN section 7): per-user stores and secrets,
+spawner hooks that place a returning user's server where their images can be restored,
+and a cull arbiter that lets the idle culler stop a server only once its kernels are saved.
 
-Light imports only (no server extension): these run in the hub's and the culler's
-processes.
+Imported by the hub and its idle culler, which have neither the server extension nor the
+kernels' libraries: nothing heavy is imported here (the store, kubespawner's models) until
+a hook runs.
 """
 
 from .cull import CullArbiter, cull_arbiter, make_cull_arbiter
+from .placement import (
+    IMAGE_OPTION,
+    Placement,
+    SpawnHooks,
+    SpawnRefused,
+    make_spawn_hooks,
+    modify_pod_hook,
+    pre_spawn_hook,
+    required_expressions,
+)
+from .stores import UserStores, read_master_secret, user_secret
 
-__all__ = ["CullArbiter", "cull_arbiter", "make_cull_arbiter"]
+__all__ = [
+    "IMAGE_OPTION",
+    "CullArbiter",
+    "Placement",
+    "SpawnHooks",
+    "SpawnRefused",
+    "UserStores",
+    "cull_arbiter",
+    "make_cull_arbiter",
+    "make_spawn_hooks",
+    "modify_pod_hook",
+    "pre_spawn_hook",
+    "read_master_secret",
+    "required_expressions",
+    "user_secret",
+]

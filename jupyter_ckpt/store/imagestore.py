@@ -94,6 +94,16 @@ class ImageStore(LoggingConfigurable):
             jupyter_data_dir(), "ckpt-secret"
         )
 
+    secret = Unicode(
+        help="The signing secret itself (32+ characters), used instead of secret_file: "
+        "JupyterHub's hooks give each user's server its own (jupyter_ckpt.hub). Not read "
+        "from config files, which are no place for a secret. Default: $JUPYTER_CKPT_SECRET."
+    )
+
+    @default("secret")
+    def _default_secret(self) -> str:
+        return os.environ.get("JUPYTER_CKPT_SECRET", "")
+
     fsync = Bool(True, help="fsync chunks and manifests before an image counts as committed.").tag(
         config=True
     )
@@ -160,10 +170,14 @@ class ImageStore(LoggingConfigurable):
         self.root_url = root.url
         #: This user's part of the store: every read and write goes through it.
         self.backend = open_backend(prefix, **options)
-        self.signer = Signer(self.secret_file)
+        self.signer = Signer(self.secret_file, self.secret or None)
         self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
         self._index = ManifestIndex(self.backend, self.signer, self.log)
         self._collected_at = -float("inf")
+
+    def close(self) -> None:
+        """Stop the I/O threads (a long-lived process that opens many stores, as a hub)."""
+        self._pool.shutdown(wait=False)
 
     # -- writing -------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 The secret is per user and lives outside the store (a shared store must not hold the key
 that vouches for its contents). It is created on first use with mode 0600 and refused if
-anyone else can read it, as ssh does with private keys.
+anyone else can read it, as ssh does with private keys. Under JupyterHub the hub can give
+it instead (``JUPYTER_CKPT_SECRET``, derived per user: :mod:`jupyter_ckpt.hub.stores`), so
+that it follows the user to whichever node their server lands on.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ def canonical_json(obj: Any) -> bytes:
 
 
 class Signer:
-    def __init__(self, secret_file: str) -> None:
+    def __init__(self, secret_file: str, secret: str | None = None) -> None:
+        """``secret``, when given, is used instead of the file (which is then not read)."""
         self.secret_file = os.path.abspath(os.path.expanduser(secret_file))
-        self._secret = self._load_or_create()
+        self._secret = _checked(secret, "JUPYTER_CKPT_SECRET") if secret else self._load_or_create()
         self.key_id = hashlib.sha256(b"jupyter-ckpt key id" + self._secret).hexdigest()[:16]
 
     def _load_or_create(self) -> bytes:
@@ -44,18 +47,17 @@ class Signer:
                     f"(mode {stat.S_IMODE(mode):o}); run: chmod 600 {path}"
                 )
             with open(path) as f:
-                secret = f.read().strip()
+                secret = f.read()
         except OSError as exc:
             raise SecretError(f"cannot read the signing secret {path}: {exc}") from exc
-        if len(secret) < 32:
-            # Never replaced silently: images signed with a lost secret could not be
-            # loaded again, so the user decides.
-            raise SecretError(
-                f"the signing secret {path} is too short ({len(secret)} characters, need "
-                "32+); if it is empty it was left by an interrupted first use: remove it "
-                "and a new one is created"
-            )
-        return secret.encode()
+        # Never replaced silently: images signed with a lost secret could not be loaded
+        # again, so the user decides.
+        return _checked(
+            secret,
+            path,
+            "; if it is empty it was left by an interrupted first use: remove it and a new "
+            "one is created",
+        )
 
     def _mac(self, payload: bytes) -> str:
         return hmac.new(self._secret, payload, hashlib.sha256).hexdigest()
@@ -89,6 +91,15 @@ class Signer:
                 )
             raise IntegrityError(f"{where}: the manifest was altered (signature mismatch)")
         return manifest
+
+
+def _checked(secret: str, where: str, hint: str = "") -> bytes:
+    secret = secret.strip()
+    if len(secret) < 32:
+        raise SecretError(
+            f"the signing secret {where} is too short ({len(secret)} characters, need 32+){hint}"
+        )
+    return secret.encode()
 
 
 def _create_secret(path: str) -> None:

@@ -22,12 +22,14 @@ from jupyter_ckpt.errors import (
     CkptError,
     ImageInUse,
     ImageNotFound,
+    IncompatibleImage,
     InvalidReference,
 )
 from jupyter_ckpt.store import check_ref
 
 from .manager import CkptManager, SuspendFailed
 from .service import CkptService
+from .startup import AfterRecords
 
 _KERNEL_ID = r"(?P<kernel_id>\w+-\w+-\w+-\w+-\w+)"
 _IMAGE_REF = r"(?P<ref>[A-Za-z0-9][A-Za-z0-9._-]{0,127})"
@@ -46,7 +48,7 @@ def _http_errors(
             raise web.HTTPError(404, str(exc)) from exc
         except (InvalidReference, AmbiguousReference) as exc:
             raise web.HTTPError(400, str(exc)) from exc
-        except (ImageInUse, SuspendFailed) as exc:
+        except (ImageInUse, IncompatibleImage, SuspendFailed) as exc:
             raise web.HTTPError(409, str(exc)) from exc
         except CkptError as exc:
             raise web.HTTPError(500, str(exc)) from exc
@@ -54,7 +56,10 @@ def _http_errors(
     return wrapper
 
 
-class CkptAPIHandler(APIHandler):
+class CkptAPIHandler(AfterRecords, APIHandler):
+    """Waits for the records of suspended kernels, like the kernels and sessions routes:
+    until then listings would show them neither suspended nor pinning their images."""
+
     auth_resource = "kernels"
 
     @property
