@@ -75,10 +75,11 @@ async def test_the_culler_saves_kernels_and_a_respawn_elsewhere_restores_them(hu
     await hub.start()
     for user in ("alice", "bob"):
         await hub.api("POST", f"users/{user}")
-    await asyncio.gather(*(hub.start_server(u, node="a") for u in ("alice", "bob")))
-
+    # each user works right after their server is up: the culler's timeout runs from there
+    await hub.start_server("alice", node="a")
     session_id, kernel_id = await start_session(hub.user_fetch("alice"), "work.ipynb")
     await run_cell(hub, "alice", kernel_id, "x = 41")
+    await hub.start_server("bob", node="a")
     _, bob_kernel = await start_session(hub.user_fetch("bob"), "data.ipynb")
     await run_cell(hub, "bob", bob_kernel, "y = 1\nf = open(__import__('os').devnull)")
 
