@@ -109,7 +109,7 @@ class Hub:
 
     async def request(self, method: str, path: str, body: str | None = None) -> HTTPResponse:
         """A request through the proxy, with the admin token (``path`` after the host)."""
-        if body is None and method != "GET":
+        if body is None and method in ("POST", "PUT", "PATCH"):
             body = ""
         return await AsyncHTTPClient().fetch(
             HTTPRequest(

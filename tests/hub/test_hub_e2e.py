@@ -126,3 +126,12 @@ async def test_the_culler_saves_kernels_and_a_respawn_elsewhere_restores_them(hu
     assert server is not None and server["ready"]
     assert "Culling server bob" not in hub.log()
     assert await run_cell(hub, "bob", bob_kernel, "print(y, f.closed)") == "1 False\n"
+
+    # an admin stops bob's server: its own stop suspends the kernel, giving up the open
+    # file (lost with the process anyway), and his next server restores the rest
+    await hub.api("DELETE", "users/bob/server")
+    await poll(lambda: stopped(hub, "bob"), timeout=240, what="the hub to stop bob's server")
+    assert f"Suspended kernel {bob_kernel} to image" in hub.log()
+    await hub.start_server("bob", node="b")
+    out = await run_cell(hub, "bob", bob_kernel, "print(y, 'f' in globals())")
+    assert "1 False\n" in out and "not restored" in out, out
