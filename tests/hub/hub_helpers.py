@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from harness import BUCKET, CREDENTIALS
 from jupyter_client.session import Session
-from server_helpers import Client, poll
+from server_helpers import Client, poll, text_of
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from tornado.websocket import websocket_connect
 
@@ -131,6 +131,9 @@ class Hub:
         """The user's default server as the hub sees it; None when it is stopped."""
         return (await self.api("GET", f"users/{quote(user)}"))["servers"].get("")
 
+    async def stopped(self, user: str) -> bool:
+        return await self.server(user) is None
+
     async def start_server(self, user: str, **options: Any) -> float:
         """Start the user's server (``options`` become the spawner's user_options); seconds
         until the hub reports it ready."""
@@ -166,6 +169,25 @@ class Hub:
             )
         )
         return Client(ws, session, None, lambda: None)
+
+    async def run_cell(self, user: str, kernel_id: str, code: str) -> str:
+        """Run one cell in the kernel through the websocket; its output text."""
+        client = await self.connect(user, kernel_id)
+        try:
+            reply, outputs = await client.execute(code)
+        finally:
+            client.close()
+        assert reply["status"] == "ok", text_of(outputs)
+        return text_of(outputs)
+
+    async def events(self, user: str) -> Any:
+        """The server's event stream (jupyter_server's /api/events/subscribe websocket)."""
+        return await websocket_connect(
+            HTTPRequest(
+                f"ws://127.0.0.1:{self.port}/user/{quote(user)}/api/events/subscribe",
+                headers={"Authorization": f"token {self.token}"},
+            )
+        )
 
     def stop(self) -> None:
         """Stop the hub (it stops the servers it started), then anything of its group left."""

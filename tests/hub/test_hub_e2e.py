@@ -8,13 +8,9 @@ import asyncio
 import json
 import time
 from typing import Any
-from urllib.parse import quote
 
 import pytest
-from hub_helpers import Hub
-from server_helpers import poll, start_session, text_of
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import websocket_connect
+from server_helpers import poll, start_session
 
 # Node facts of the two "nodes" servers start on (jupyter_ckpt.compat reads them instead
 # of probing): images without GPU tensors restore on either.
@@ -30,34 +26,6 @@ A10_NODE = {
 
 # culled, respawned, restored and two refused rounds, on a loaded 2-core machine
 pytestmark = pytest.mark.timeout(900)
-
-
-async def run_cell(hub: Hub, user: str, kernel_id: str, code: str) -> str:
-    client = await hub.connect(user, kernel_id)
-    try:
-        reply, outputs = await client.execute(code)
-    finally:
-        client.close()
-    assert reply["status"] == "ok", text_of(outputs)
-    return text_of(outputs)
-
-
-async def stopped(hub: Hub, user: str) -> bool:
-    return await hub.server(user) is None
-
-
-def count(log: str, line: str) -> int:
-    return log.count(line)
-
-
-async def restore_event(hub: Hub, user: str) -> Any:
-    """A listener on the server's event stream (jupyter_server's /api/events/subscribe)."""
-    return await websocket_connect(
-        HTTPRequest(
-            f"ws://127.0.0.1:{hub.port}/user/{quote(user)}/api/events/subscribe",
-            headers={"Authorization": f"token {hub.token}"},
-        )
-    )
 
 
 async def next_restore(events: Any) -> dict[str, Any]:
@@ -78,15 +46,15 @@ async def test_the_culler_saves_kernels_and_a_respawn_elsewhere_restores_them(hu
     # each user works right after their server is up: the culler's timeout runs from there
     await hub.start_server("alice", node="a")
     session_id, kernel_id = await start_session(hub.user_fetch("alice"), "work.ipynb")
-    await run_cell(hub, "alice", kernel_id, "x = 41")
+    await hub.run_cell("alice", kernel_id, "x = 41")
     await hub.start_server("bob", node="a")
     _, bob_kernel = await start_session(hub.user_fetch("bob"), "data.ipynb")
-    await run_cell(hub, "bob", bob_kernel, "y = 1\nf = open(__import__('os').devnull)")
+    await hub.run_cell("bob", bob_kernel, "y = 1\nf = open(__import__('os').devnull)")
 
     # once idle, alice's server is culled: its kernel was suspended first, by the arbiter
-    await poll(lambda: stopped(hub, "alice"), timeout=240, what="the culler to stop alice")
+    await poll(lambda: hub.stopped("alice"), timeout=240, what="the culler to stop alice")
     log = hub.log()
-    assert count(log, "Server alice/: kernels suspended, culling allowed") == 1
+    assert log.count("Server alice/: kernels suspended, culling allowed") == 1
     assert f"Suspended kernel {kernel_id} to image" in log
     assert f"Kernel {kernel_id} was not suspended" not in log
 
@@ -99,15 +67,15 @@ async def test_the_culler_saves_kernels_and_a_respawn_elsewhere_restores_them(hu
     assert [
         (s["id"], s["path"], s["kernel"]["id"], s["kernel"]["ckpt"]["state"]) for s in sessions
     ] == [(session_id, "work.ipynb", kernel_id, "suspended")]
-    events = await restore_event(hub, "alice")
+    events = await hub.events("alice")
     try:
-        assert await run_cell(hub, "alice", kernel_id, "x + 1") == "42"
+        assert await hub.run_cell("alice", kernel_id, "x + 1") == "42"
         first_result = time.perf_counter() - returned
         restore = await next_restore(events)
     finally:
         events.close()
     assert restore["status"] == "success" and restore["kernel_id"] == kernel_id
-    cwd = await run_cell(hub, "alice", kernel_id, "import os; print(os.getcwd())")
+    cwd = await hub.run_cell("alice", kernel_id, "import os; print(os.getcwd())")
     assert cwd.strip() == str(hub.work / "nodes" / "b" / "home" / "alice")
 
     kernel_start = restore["seconds"] - restore["write_seconds"]
@@ -121,17 +89,17 @@ async def test_the_culler_saves_kernels_and_a_respawn_elsewhere_restores_them(hu
     # bob's open file cannot be saved (on_unsaveable = "keep"): the arbiter refuses the
     # cull round after round and his kernel keeps running with its state
     refusal = "Not culling server bob/: kernel"
-    await poll(lambda: count(hub.log(), refusal) >= 2, timeout=240, what="two refused culls of bob")
+    await poll(lambda: hub.log().count(refusal) >= 2, timeout=240, what="two refused culls of bob")
     server = await hub.server("bob")
     assert server is not None and server["ready"]
     assert "Culling server bob" not in hub.log()
-    assert await run_cell(hub, "bob", bob_kernel, "print(y, f.closed)") == "1 False\n"
+    assert await hub.run_cell("bob", bob_kernel, "print(y, f.closed)") == "1 False\n"
 
     # an admin stops bob's server: its own stop suspends the kernel, giving up the open
     # file (lost with the process anyway), and his next server restores the rest
     await hub.api("DELETE", "users/bob/server")
-    await poll(lambda: stopped(hub, "bob"), timeout=240, what="the hub to stop bob's server")
+    await poll(lambda: hub.stopped("bob"), timeout=240, what="the hub to stop bob's server")
     assert f"Suspended kernel {bob_kernel} to image" in hub.log()
     await hub.start_server("bob", node="b")
-    out = await run_cell(hub, "bob", bob_kernel, "print(y, 'f' in globals())")
+    out = await hub.run_cell("bob", bob_kernel, "print(y, 'f' in globals())")
     assert "1 False\n" in out and "not restored" in out, out
