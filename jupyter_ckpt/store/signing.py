@@ -2,7 +2,10 @@
 
 The secret is per user and lives outside the store (a shared store must not hold the key
 that vouches for its contents). It is created on first use with mode 0600 and refused if
-anyone else can read it, as ssh does with private keys.
+anyone else can read it, as ssh does with private keys. Where no file can follow the user
+(a pod on another node), ``$JUPYTER_CKPT_SECRET`` holds it instead (hex, injected by the
+hub) and is used before any file. The same secret keys encryption at rest
+(:mod:`.encryption`), through keys derived from it (:meth:`Signer.derive`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ import secrets
 import stat
 from typing import Any
 
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from ..errors import IntegrityError, SecretError
 
 FORMAT = "jupyter-ckpt/1"
+SECRET_ENV = "JUPYTER_CKPT_SECRET"
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -26,9 +33,15 @@ def canonical_json(obj: Any) -> bytes:
 
 
 class Signer:
-    def __init__(self, secret_file: str) -> None:
+    """``use_env=False`` reads the file even where ``$JUPYTER_CKPT_SECRET`` is set (an old
+    secret that ``jupyter ckpt rekey`` moves images away from)."""
+
+    def __init__(self, secret_file: str, use_env: bool = True) -> None:
         self.secret_file = os.path.abspath(os.path.expanduser(secret_file))
-        self._secret = self._load_or_create()
+        from_env = os.environ.get(SECRET_ENV, "").strip() if use_env else ""
+        #: Where the secret came from, for messages.
+        self.source = f"${SECRET_ENV}" if from_env else self.secret_file
+        self._secret = _checked(from_env, self.source) if from_env else self._load_or_create()
         self.key_id = hashlib.sha256(b"jupyter-ckpt key id" + self._secret).hexdigest()[:16]
 
     def _load_or_create(self) -> bytes:
@@ -47,15 +60,14 @@ class Signer:
                 secret = f.read().strip()
         except OSError as exc:
             raise SecretError(f"cannot read the signing secret {path}: {exc}") from exc
-        if len(secret) < 32:
-            # Never replaced silently: images signed with a lost secret could not be
-            # loaded again, so the user decides.
-            raise SecretError(
-                f"the signing secret {path} is too short ({len(secret)} characters, need "
-                "32+); if it is empty it was left by an interrupted first use: remove it "
-                "and a new one is created"
-            )
-        return secret.encode()
+        return _checked(secret, path)
+
+    def derive(self, label: bytes) -> bytes:
+        """A 256-bit key for one purpose (``label``), derived from the secret with HKDF:
+        keys for different purposes are independent, and none reveals the secret."""
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label).derive(
+            self._secret
+        )
 
     def _mac(self, payload: bytes) -> str:
         return hmac.new(self._secret, payload, hashlib.sha256).hexdigest()
@@ -89,6 +101,22 @@ class Signer:
                 )
             raise IntegrityError(f"{where}: the manifest was altered (signature mismatch)")
         return manifest
+
+
+def _checked(secret: str, source: str) -> bytes:
+    if len(secret) < 32:
+        # Never replaced silently: images signed with a lost secret could not be
+        # loaded again, so the user decides.
+        hint = (
+            ""
+            if source.startswith("$")
+            else "; if it is empty it was left by an interrupted first use: remove it "
+            "and a new one is created"
+        )
+        raise SecretError(
+            f"the signing secret {source} is too short ({len(secret)} characters, need 32+){hint}"
+        )
+    return secret.encode()
 
 
 def _create_secret(path: str) -> None:
