@@ -48,6 +48,7 @@ from .layout import (
 from .leases import Lease, live_leases
 from .reading import Segments, allocate
 from .records import KernelRecords
+from .rekey import Outcome, rekey
 from .signing import Signer
 from .users import check_user, prepare_local, user_prefix
 from .writer import ImageWriter
@@ -192,22 +193,24 @@ class ImageStore(LoggingConfigurable):
         return ImageWriter(self)
 
     def _put_chunk(
-        self, data: memoryview, claim: Callable[[str], bool]
+        self, data: memoryview, claim: Callable[[str], bool], chunks: Chunks | None = None
     ) -> tuple[str, int, str | None]:
         """(digest, bytes written, staged file or None); the commit publishes the staged.
+        Written as this store writes chunks, or as ``chunks`` says (a rekey).
 
         The chunk is hashed (and encrypted) from one private copy: a thread that changes
         the buffer meanwhile can make the image a mix of old and new values, but never a
         chunk whose bytes do not match its name.
         """
+        chunks = chunks or self.chunks
         data = memoryview(bytes(data))
-        digest = self.chunks.name(data)
+        digest = chunks.name(data)
         path = chunk_path(digest)
         # A reusable chunk is refreshed, not skipped: an unreferenced one (of a deleted
         # image) would otherwise look old to a concurrent gc and go before our manifest.
         if not claim(digest) or self.backend.reusable(path, GC_GRACE_SECONDS / 2):
             return digest, 0, None
-        return digest, len(data), self.backend.stage(path, self.chunks.encode(digest, data))
+        return digest, len(data), self.backend.stage(path, chunks.encode(digest, data))
 
     def lease(self) -> Lease:
         """Tell gc that a writer may be reusing unreferenced chunks (see :mod:`.leases`)."""
@@ -448,6 +451,13 @@ class ImageStore(LoggingConfigurable):
         self._collected_at = time.monotonic()
         result = self.gc(grace_seconds)
         return RetentionResult(removed, result.files, result.freed, result.notes)
+
+    def rekey(self, old_secret_file: str | None = None) -> Iterator[Outcome]:
+        """Bring every image and kernel record to the current secret and encryption
+        (see :mod:`.rekey`); ``old_secret_file`` opens what the previous secret wrote.
+        Yields what happened to each, as it goes."""
+        old = Signer(old_secret_file, use_env=False) if old_secret_file else None
+        return rekey(self, old)
 
     # -- moving images between stores -----------------------------------------------------
 
