@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import re
 import socket
 import subprocess
@@ -328,6 +329,26 @@ def plaintext_in(files: dict[str, bytes], known: dict[str, bytes]) -> dict[str, 
     with the store's files but not the key would search them; only files with a hit."""
     found = {name: [k for k, text in known.items() if text in data] for name, data in files.items()}
     return {name: hits for name, hits in found.items() if hits}
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: the stand-in for arbitrary code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return open, (str(self.marker), "w")
+
+
+def payload(marker: Path) -> bytes:
+    """A pickle that creates ``marker`` when loaded: what a crafted image would carry."""
+    return pickle.dumps(_Payload(marker), protocol=5)
+
+
+def group_of(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    """The group of an image that holds variable ``name``."""
+    return next(g for g in manifest["groups"] if name in g["names"])
 
 
 def chunk_files(manifest: dict[str, Any]) -> set[str]:
