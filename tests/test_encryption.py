@@ -242,10 +242,19 @@ def foreign_chunk(store: ImageStore, marker: Path) -> tuple[str, Callable[[], An
 
 def flipped_byte(store: ImageStore, marker: Path) -> tuple[str, None]:
     """One bit of the ciphertext holding `value` flipped."""
-    manifest, digest, *_ = _value_chunk(store)
+    return _flip(store, lambda data, size: 64 + size // 2)
+
+
+def flipped_padding(store: ImageStore, marker: Path) -> tuple[str, None]:
+    """One bit of the zero padding after the chunk flipped (nothing may change unseen)."""
+    return _flip(store, lambda data, size: len(data) - 1)
+
+
+def _flip(store: ImageStore, where: Callable[[bytes, int], int]) -> tuple[str, None]:
+    manifest, digest, size, *_ = _value_chunk(store)
     path = _chunk_file(store, digest)
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 1
+    data[where(bytes(data), size)] ^= 1
     path.write_bytes(data)
     return manifest["id"], None
 
@@ -296,6 +305,7 @@ def pristine(kernel: Kernel, kernel_store: ImageStore) -> Iterator[None]:
         (foreign_image, "encrypted with a different secret"),
         (foreign_chunk, "encrypted with a different secret"),
         (flipped_byte, "was altered or moved (it does not decrypt under your key)"),
+        (flipped_padding, "was altered (its size or padding is wrong)"),
         (swapped_chunks, "was altered or moved (it does not decrypt under your key)"),
         (truncated_chunk, "was altered"),
         (moved_manifest, "manifest names another id"),

@@ -14,7 +14,9 @@ Keys are derived from the user's secret (the signing secret, kept outside the st
   plaintext: one user's images still share equal chunks, but without the key nobody can
   tell what a chunk holds or find the same data in another user's part of the store.
 
-An encrypted object is ``MAGIC + key id + nonce + ciphertext + tag``. The key id (also in
+An encrypted object is ``MAGIC + key id + nonce + ciphertext + tag``; a chunk is padded
+with zeros to a multiple of 4 KiB, so a restore reads it whole with direct I/O as it does a
+plain one (checked: the padding must be zeros). The key id (also in
 every signed envelope) names the secret, so an object under another one is refused as
 such. What stays visible is what the layout shows: how many objects, their sizes and
 times. Signatures stay too: an encrypted manifest holds the signed envelope, so every
@@ -53,6 +55,7 @@ NONCE = 12
 TAG = 16
 HEADER = len(MAGIC) + KEY_ID + NONCE
 OVERHEAD = HEADER + TAG
+PAGE = 4096  # encrypted chunks fill whole pages: direct I/O reads need aligned lengths
 
 
 def is_encrypted(data: Buffer) -> bool:
@@ -73,11 +76,15 @@ class Cipher:
 
     def encrypt(self, data: Buffer, context: bytes) -> bytearray:
         """``data`` sealed under a fresh nonce, bound to ``context``."""
-        nonce = os.urandom(NONCE)
-        out = bytearray(HEADER + len(memoryview(data).cast("B")) + TAG)
-        out[:HEADER] = MAGIC + self._header_id + nonce
-        self._aead.encrypt_into(nonce, data, context, memoryview(out)[HEADER:])
+        out = bytearray(len(memoryview(data).cast("B")) + OVERHEAD)
+        self.encrypt_into(data, context, memoryview(out))
         return out
+
+    def encrypt_into(self, data: Buffer, context: bytes, out: memoryview) -> None:
+        """:meth:`encrypt` into ``out``, exactly ``OVERHEAD`` bytes longer than ``data``."""
+        nonce = os.urandom(NONCE)
+        out[:HEADER] = MAGIC + self._header_id + nonce
+        self._aead.encrypt_into(nonce, data, context, out[HEADER:])
 
     def decrypt_into(self, blob: memoryview, context: bytes, out: memoryview, what: str) -> None:
         """Decrypt ``blob`` into ``out`` (exactly its plaintext's size); nothing that fails
@@ -144,7 +151,9 @@ class PlainChunks:
     """Chunks stored as they are, named by their BLAKE3 hash."""
 
     encryption = NONE
-    overhead = 0
+
+    def stored_size(self, size: int) -> int:
+        return size
 
     def name(self, data: Buffer) -> str:
         return chunk_hash(data)
@@ -166,34 +175,45 @@ class PlainChunks:
 
 
 class EncryptedChunks:
-    """Chunks encrypted one by one, named by a keyed hash of their plaintext."""
+    """Chunks encrypted one by one, named by a keyed hash of their plaintext.
+
+    Each I/O thread encrypts into, and reads into, one page-aligned buffer of its own,
+    reused from chunk to chunk: no allocation or page faults per chunk, and reads can use
+    direct I/O. (A chunk is staged, or decrypted, before its thread takes the next.)"""
 
     encryption = AES_GCM
-    overhead = OVERHEAD
 
     def __init__(self, cipher: Cipher) -> None:
         self.cipher = cipher
         self._scratch = threading.local()
 
+    def stored_size(self, size: int) -> int:
+        return -(-(size + OVERHEAD) // PAGE) * PAGE
+
     def name(self, data: Buffer) -> str:
         return self.cipher.chunk_name(data)
 
     def encode(self, digest: str, data: memoryview) -> Buffer:
-        return self.cipher.encrypt(data, _chunk_context(digest))
+        """The stored chunk, in this thread's buffer: valid until its next chunk."""
+        end = len(data) + OVERHEAD
+        stored = self.buffer(self.stored_size(len(data)), data)
+        self.cipher.encrypt_into(data, _chunk_context(digest), stored[:end])
+        stored[end:] = bytes(len(stored) - end)
+        return stored
 
     def buffer(self, size: int, out: memoryview) -> memoryview:
-        """A page-aligned buffer of this I/O thread (reused: no page faults per chunk,
-        direct I/O still possible) to read the stored chunk into."""
+        """This thread's buffer, ``size`` bytes of it, to read a stored chunk into."""
         scratch: memoryview | None = getattr(self._scratch, "buf", None)
         if scratch is None or len(scratch) < size:
-            scratch = allocate(max(size, CHUNK_SIZE + OVERHEAD))
+            scratch = allocate(max(size, self.stored_size(CHUNK_SIZE)))
             self._scratch.buf = scratch
         return scratch[:size]
 
     def decode_into(self, digest: str, stored: memoryview, out: memoryview) -> None:
-        if len(stored) != len(out) + OVERHEAD:
-            raise IntegrityError(f"chunk {digest} was altered (its size does not match)")
-        self.cipher.decrypt_into(stored, _chunk_context(digest), out, f"chunk {digest}")
+        end = len(out) + OVERHEAD
+        if len(stored) != self.stored_size(len(out)) or stored[end:] != bytes(len(stored) - end):
+            raise IntegrityError(f"chunk {digest} was altered (its size or padding is wrong)")
+        self.cipher.decrypt_into(stored[:end], _chunk_context(digest), out, f"chunk {digest}")
 
     def check(self, digest: str, stored: Buffer, size: int) -> None:
         self.decode_into(digest, memoryview(stored).cast("B"), memoryview(bytearray(size)))

@@ -290,7 +290,7 @@ class ImageStore(LoggingConfigurable):
         chunks = chunks_of(manifest, forms or self._chunk_forms)
 
         def read(digest: str, out: memoryview) -> None:
-            stored = chunks.buffer(len(out) + chunks.overhead, out)
+            stored = chunks.buffer(chunks.stored_size(len(out)), out)
             try:
                 n = self.backend.read_into(chunk_path(digest), stored)
             except FileNotFoundError:
@@ -511,7 +511,7 @@ class ImageStore(LoggingConfigurable):
                     member = members.get(path)
                     if member is None:
                         raise IntegrityError(f"{file}: chunk {digest} is missing")
-                    data = self._tar_read(tar, member, size + chunks.overhead)
+                    data = self._tar_read(tar, member, chunks.stored_size(size))
                     try:
                         chunks.check(digest, data, size)
                     except IntegrityError as exc:
