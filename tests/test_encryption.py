@@ -439,7 +439,7 @@ def test_export_and_import_stay_encrypted(tmp_path: Path) -> None:
     with tarfile.open(altered, "w") as t:
         for member, data in members:
             if member.name.startswith("chunks/"):
-                data = data[:-1] + bytes([data[-1] ^ 1])
+                data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
             t.addfile(member, io.BytesIO(data))
     third = ImageStore(url=str(tmp_path / "third"), secret_file=str(tmp_path / "secret"))
     with pytest.raises(IntegrityError, match="was altered or moved"):
