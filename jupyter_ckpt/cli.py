@@ -9,17 +9,18 @@ cause), 2 bad usage.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tarfile
 from collections.abc import Generator
 from typing import Any, ClassVar, NoReturn
 
 from jupyter_core.application import JupyterApp, base_aliases, base_flags
-from traitlets import Bool, Float, TraitError, Unicode
+from traitlets import Bool, Float, TraitError, Unicode, default
 from traitlets.config.application import Application
 from traitlets.config.loader import ArgumentError, KVArgParseConfigLoader
 
-from . import __version__
+from . import __version__, compat
 from .errors import CkptError
 from .format import describe_image, human_bytes, image_summary, list_entries, list_images
 from .store import GC_GRACE_SECONDS, ImageStore, check_ref
@@ -193,13 +194,37 @@ class ListImages(JsonCommand):
 
 class ShowImage(JsonCommand):
     name = "jupyter ckpt show"
-    description = "Show one image: where it came from and every variable, saved or not."
-    examples = "jupyter ckpt show 3f2a9c41\njupyter ckpt show my-session --json"
+    description = (
+        "Show one image: where it came from, every variable, saved or not, and whether "
+        "this node can restore it."
+    )
+    examples = (
+        "jupyter ckpt show 3f2a9c41\njupyter ckpt show my-session --json\n"
+        "jupyter ckpt show my-session --node-facts=a10.json   # on a node described so"
+    )
     arguments = ("ID",)
+
+    node_facts_file = Unicode(
+        help="A JSON file describing the node to check the image against (GpuProbe.node() "
+        "format, optionally with 'python' and 'packages'). Default: "
+        "$JUPYTER_CKPT_NODE_FACTS, else this node, probed.",
+    ).tag(config=True)
+
+    @default("node_facts_file")
+    def _default_node_facts_file(self) -> str:
+        return os.environ.get(compat.NODE_FACTS_ENV, "")
+
+    aliases = {**JsonCommand.aliases, "node-facts": "ShowImage.node_facts_file"}
 
     def run(self, store: ImageStore, *args: str) -> list[str]:
         manifest = store.open(args[0])
-        return self.output(image_summary(manifest), describe_image(manifest))
+        result = compat.check(manifest, compat.node_facts(self.node_facts_file or None))
+        text = [
+            *describe_image(manifest),
+            f"  compatibility with this node: {result['verdict']}",
+            *(f"    {reason}" for reason in result["reasons"]),
+        ]
+        return self.output({**image_summary(manifest), "compatibility": result}, text)
 
 
 class VerifyImage(CkptBaseApp):

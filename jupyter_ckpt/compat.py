@@ -1,19 +1,60 @@
-"""Can an image be restored here? (DESIGN section 6), answered from its manifest alone.
+"""Can an image be restored on a node? (DESIGN section 6), answered from its manifest alone.
 
-The answer is ``compatible``, ``warnings`` or ``incompatible`` with the reasons. Packages
-are looked up in the environment that asks (the server's, or a kernel's), without
-importing them.
+The answer is ``compatible``, ``warnings`` or ``incompatible`` with the reasons. One
+function, :func:`check`, gives it to the server (the panel's badge, and the refusal of a
+resume before any kernel starts), to ``jupyter ckpt show`` and to the hub, which checks a
+user's images against the nodes of each profile before it places their server.
+
+A node is described by its *facts*: :meth:`jupyter_ckpt.gpu.GpuProbe.node`'s answer
+(driver, CUDA version, and per GPU its model, compute capability and memory), optionally
+with ``python`` and ``packages`` (module -> version, or null for "not installed") where
+they differ from the environment that asks. :func:`node_facts` reads them from a JSON file
+instead of probing when ``JUPYTER_CKPT_NODE_FACTS`` names one, so an admin can describe
+the nodes of a profile, and a test can play an H100, an A10 or a CPU-only node. Packages
+are otherwise looked up in the environment that asks, without importing them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from .errors import CkptError
+
+NODE_FACTS_ENV = "JUPYTER_CKPT_NODE_FACTS"
+# The GPU part of node facts, as a manifest records the node it was saved on.
+GPU_KEYS = ("available", "reason", "driver", "cuda", "gpus")
+# The oldest NVIDIA driver (major) that runs any release of a CUDA major version, by
+# CUDA's minor-version compatibility (CUDA toolkit release notes, "CUDA Driver" table).
+MIN_DRIVER = {11: 450, 12: 525, 13: 580}
+_GIB = 1 << 30
+
 _dists: dict[str, list[str]] | None = None
+
+
+def node_facts(path: str | None = None, probe: Any = None) -> dict[str, Any]:
+    """This node's facts: from the JSON file ``path`` (default ``$JUPYTER_CKPT_NODE_FACTS``)
+    when there is one, else probed with ``probe`` (a :class:`~jupyter_ckpt.gpu.GpuProbe`)."""
+    path = path or os.environ.get(NODE_FACTS_ENV)
+    if not path:
+        if probe is None:
+            from .gpu import GpuProbe
+
+            probe = GpuProbe()
+        return probe.node()
+    try:
+        with open(path) as f:
+            facts = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CkptError(f"cannot read the node facts {path}: {exc}") from exc
+    if not isinstance(facts, dict) or not isinstance(facts.get("gpus", []), list):
+        raise CkptError(f"node facts {path}: expected an object with a list of 'gpus'")
+    return facts
 
 
 def _installed_version(module: str) -> str | None:
@@ -32,33 +73,170 @@ def _major(version: str) -> str:
     return version.split(".", 1)[0]
 
 
-def check(manifest: dict[str, Any], node: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Compatibility of ``manifest`` with this environment and the GPU facts in ``node``
-    (``GpuProbe.node()``; None skips the GPU check)."""
+def _capability(text: str | None) -> tuple[int, int] | None:
+    try:
+        major, minor = str(text).split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def _size(n: int) -> str:
+    return f"{n / _GIB:.1f} GiB" if n >= _GIB else f"{n / (1 << 20):.1f} MiB"
+
+
+@dataclass
+class GpuNeeds:
+    """What restoring images needs of a node's GPUs."""
+
+    #: saved device ("cuda:N") -> bytes of the tensors on it
+    device_bytes: dict[str, int] = field(default_factory=dict)
+    #: compute capability of the GPU the tensors were on (the highest, over devices)
+    compute: tuple[int, int] | None = None
+    #: CUDA runtime the saving framework was built for ("12.1"; None when unknown)
+    cuda: str | None = None
+    #: GPU models the images were saved on
+    products: list[str] = field(default_factory=list)
+
+    @property
+    def per_gpu(self) -> int:
+        """Bytes one GPU must hold: the largest device's."""
+        return max(self.device_bytes.values(), default=0)
+
+    @property
+    def min_driver(self) -> int | None:
+        """The oldest driver major that runs :attr:`cuda` (None when unknown)."""
+        cuda = _capability(self.cuda)
+        return MIN_DRIVER.get(cuda[0]) if cuda else None
+
+    def merge(self, other: GpuNeeds) -> GpuNeeds:
+        """Both restored on one node: device by device their bytes add up."""
+        devices = dict(self.device_bytes)
+        for device, n in other.device_bytes.items():
+            devices[device] = devices.get(device, 0) + n
+        cudas = [c for c in (self.cuda, other.cuda) if _capability(c)]
+        return GpuNeeds(
+            devices,
+            max((c for c in (self.compute, other.compute) if c), default=None),
+            max(cudas, key=_capability, default=None),
+            sorted(set(self.products) | set(other.products)),
+        )
+
+
+def gpu_needs(manifest: dict[str, Any]) -> GpuNeeds | None:
+    """What the image's GPU tensors need of a node, or None when it has none."""
+    cuda = sorted(d for d in manifest.get("devices", []) if d.startswith("cuda"))
+    if not cuda:
+        return None
+    gpu = manifest.get("gpu", {})
+    device_bytes = gpu.get("device_bytes")
+    if device_bytes is None:  # an image from before they were recorded: count per variable
+        device_bytes = dict.fromkeys(cuda, 0)
+        for var in manifest.get("variables", []):
+            for device in var.get("devices", []):
+                if device.startswith("cuda"):
+                    device_bytes[device] = device_bytes.get(device, 0) + var.get("bytes", 0)
+    saved = {f"cuda:{g.get('index', 0)}": g for g in gpu.get("gpus", [])}
+    used = [saved[d] for d in cuda if d in saved]
+    capabilities = [c for c in (_capability(g.get("compute_capability")) for g in used) if c]
+    return GpuNeeds(
+        {d: int(n) for d, n in device_bytes.items()},
+        max(capabilities, default=None),
+        gpu.get("torch_cuda"),
+        sorted({g["name"] for g in used if g.get("name")}),
+    )
+
+
+def gpu_check(needs: GpuNeeds, node: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of restoring tensors with ``needs`` on ``node``."""
+    gpus = node.get("gpus") or []
+    if not gpus:
+        devices = ", ".join(sorted(needs.device_bytes)) or "cuda"
+        return [f"needs a GPU ({devices}) and this node has none"], []
+    problems, warnings = [], []
+    biggest = max(gpus, key=lambda g: g.get("memory_total", 0))
+    largest = biggest.get("memory_total", 0)
+    if needs.per_gpu > largest:
+        device = max(needs.device_bytes, key=needs.device_bytes.__getitem__)
+        problems.append(
+            f"needs {_size(needs.per_gpu)} of GPU memory on one GPU ({device}); the largest "
+            f"GPU here ({biggest.get('name', 'unknown')}) has {_size(largest)}"
+        )
+    best = max(
+        (c for c in (_capability(g.get("compute_capability")) for g in gpus) if c), default=None
+    )
+    if needs.compute and best:
+        saved = "{}.{}".format(*needs.compute)
+        if best[0] < needs.compute[0]:
+            problems.append(
+                f"saved on a GPU of compute capability {saved}; this node's GPUs have at "
+                f"most {best[0]}.{best[1]}"
+            )
+        elif best < needs.compute:
+            warnings.append(
+                f"saved on a GPU of compute capability {saved}, this node's is {best[0]}.{best[1]}"
+            )
+    driver = _major(str(node.get("driver", "")))
+    if needs.min_driver and driver.isdigit() and int(driver) < needs.min_driver:
+        problems.append(
+            f"saved by a framework built for CUDA {needs.cuda}, which needs NVIDIA driver "
+            f"{needs.min_driver} or newer; this node has {node['driver']}"
+        )
+    names = sorted({g.get("name") for g in gpus if g.get("name")})
+    if needs.products and names and not set(names) & set(needs.products):
+        warnings.append(f"saved on {', '.join(needs.products)}, this node has {', '.join(names)}")
+    return problems, warnings
+
+
+def assess(
+    manifest: dict[str, Any], node: dict[str, Any] | None = None, *, here: bool = True
+) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of restoring ``manifest`` on a node described by ``node``
+    (None skips the GPU check). With ``here``, Python and packages the facts do not give
+    are this process's; without (the hub, which runs none of the users' software), they
+    are not checked."""
+    node = node or {}
     problems: list[str] = []
     warnings: list[str] = []
     env = manifest.get("environment", {})
     saved_python = env.get("python", "")
-    here = platform.python_version()
-    if saved_python.split(".")[:2] != here.split(".")[:2]:
-        problems.append(f"saved with Python {saved_python}, this is Python {here}")
+    python = node.get("python") or (platform.python_version() if here else None)
+    if python and saved_python.split(".")[:2] != python.split(".")[:2]:
+        problems.append(f"saved with Python {saved_python}, this is Python {python}")
+    packages = node.get("packages") or {}
     for module, saved in sorted(env.get("packages", {}).items()):
-        installed = _installed_version(module)
+        if module in packages:
+            installed = packages[module]
+        elif here:
+            installed = _installed_version(module)
+        else:
+            continue
         if installed is None:
             problems.append(f"{module} {saved} is not installed")
         elif _major(installed) != _major(saved):
             problems.append(f"{module} {saved} saved, {installed} installed (major differs)")
         elif installed != saved:
             warnings.append(f"{module} {saved} saved, {installed} installed")
-    cuda = [d for d in manifest.get("devices", []) if d.startswith("cuda")]
-    if cuda and node is not None and not node.get("gpus"):
-        problems.append(f"needs a GPU ({', '.join(cuda)}) and this node has none")
+    needs = gpu_needs(manifest)
+    if needs is not None and node:
+        gpu_problems, gpu_warnings = gpu_check(needs, node)
+        problems += gpu_problems
+        warnings += gpu_warnings
+    return problems, warnings
+
+
+def check(
+    manifest: dict[str, Any], node: dict[str, Any] | None = None, *, here: bool = True
+) -> dict[str, Any]:
+    """The verdict on :func:`assess`: ``{"verdict": ..., "reasons": [...]}``, problems
+    first."""
+    problems, warnings = assess(manifest, node, here=here)
     verdict = "incompatible" if problems else "warnings" if warnings else "compatible"
     return {"verdict": verdict, "reasons": problems + warnings}
 
 
 def check_all(
-    manifests: Iterable[dict[str, Any]], node: dict[str, Any] | None = None
+    manifests: Iterable[dict[str, Any]], node: dict[str, Any] | None = None, *, here: bool = True
 ) -> list[dict[str, Any]]:
     """:func:`check` of many images: each distinct environment is checked once (a
     store's history is mostly a few notebooks saved many times, and looking up installed
@@ -66,8 +244,12 @@ def check_all(
     checked: dict[str, dict[str, Any]] = {}
     results = []
     for manifest in manifests:
-        key = json.dumps([manifest.get("environment"), manifest.get("devices")], sort_keys=True)
+        key = json.dumps(
+            [manifest.get("environment"), manifest.get("devices"), gpu_needs(manifest)],
+            sort_keys=True,
+            default=repr,
+        )
         if key not in checked:
-            checked[key] = check(manifest, node)
+            checked[key] = check(manifest, node, here=here)
         results.append(checked[key])
     return results

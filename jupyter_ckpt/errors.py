@@ -34,3 +34,7 @@ class DeviceUnavailable(CkptError):
 
 class ImageInUse(CkptError):
     """The image is what a suspended kernel will be restored from; it cannot go yet."""
+
+
+class IncompatibleImage(CkptError):
+    """The image cannot be restored on this node (jupyter_ckpt.compat says why)."""

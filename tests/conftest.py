@@ -22,6 +22,8 @@ from harness import BUCKET, CREDENTIALS, Kernel, MotoServer, Paths
 from jupyter_ckpt.store import ImageStore
 
 ALLOW_SKIPS = "JUPYTER_CKPT_ALLOW_SKIPS"
+# Read by kubernetes_asyncio when it is imported: set before any test imports kubespawner.
+os.environ.setdefault("KUBECONFIG", str(Path(__file__).parent / "kubeconfig-unreachable.yaml"))
 _skipped: list[str] = []
 
 

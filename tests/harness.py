@@ -23,6 +23,7 @@ from typing import Any
 from jupyter_client.manager import KernelManager, start_new_kernel
 
 from jupyter_ckpt import image
+from jupyter_ckpt.compat import NODE_FACTS_ENV
 from jupyter_ckpt.store import ImageStore, chunk_path
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -298,6 +299,75 @@ def save_namespace(
     assert statuses.keys() == namespace.keys(), "the manifest's variables are not the namespace's"
     assert image_names(manifest) == set(namespace), f"not all saved: {statuses}"
     return manifest
+
+
+# Nodes the tests play, described as jupyter_ckpt.compat.node_facts reads them from a file.
+NODES: dict[str, dict[str, Any]] = {
+    "h100": {
+        "available": True,
+        "driver": "550.54.15",
+        "cuda": "12.4",
+        "torch_cuda": "12.1",
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA H100 80GB HBM3",
+                "compute_capability": "9.0",
+                "memory_total": 85_520_809_984,
+                "memory_used": 0,
+            }
+        ],
+    },
+    "a10": {
+        "available": True,
+        "driver": "535.104.05",
+        "cuda": "12.2",
+        "torch_cuda": "12.1",
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA A10",
+                "compute_capability": "8.6",
+                "memory_total": 23_609_475_072,
+                "memory_used": 0,
+            }
+        ],
+    },
+    "cpu": {"available": False, "reason": "no GPU on this node", "gpus": []},
+}
+
+
+def node_file(directory: Path, node: str, **changes: Any) -> Path:
+    """A node facts file for ``NODES[node]``, with ``changes`` to its top-level facts."""
+    path = directory / f"{node}-{len(list(directory.glob(f'{node}-*.json')))}.json"
+    path.write_text(json.dumps({**NODES[node], **changes}))
+    return path
+
+
+def save_on_node(
+    store: ImageStore, facts: Path, gpu_bytes: int = 0, name: str = "test"
+) -> dict[str, Any]:
+    """An image saved in this process as on the node ``facts`` describes; with
+    ``gpu_bytes``, it holds a tensor of that many bytes on cuda:0 (tests/fake_devices)."""
+    import fake_devices
+    import torch
+
+    from jupyter_ckpt.image import devices
+
+    saved_ops, saved_facts = devices.device_ops, os.environ.get(NODE_FACTS_ENV)
+    os.environ[NODE_FACTS_ENV] = str(facts)
+    try:
+        namespace: dict[str, Any] = {"step": 1}
+        if gpu_bytes:
+            weights = namespace["weights"] = torch.zeros(gpu_bytes, dtype=torch.uint8)
+            fake_devices.install(gpus=1).pretend(weights, "cuda:0")
+        return save_namespace(store, namespace, name)
+    finally:
+        devices.device_ops = saved_ops
+        if saved_facts is None:
+            del os.environ[NODE_FACTS_ENV]
+        else:
+            os.environ[NODE_FACTS_ENV] = saved_facts
 
 
 def image_names(manifest: dict[str, Any]) -> set[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import plaintext_in
+from harness import node_file, plaintext_in, save_on_node
 
 from jupyter_ckpt import image
 from jupyter_ckpt.store import ImageStore, chunk_path, manifest_path
@@ -194,6 +194,26 @@ def test_show_json_has_variables_without_layout(ckpt: Run, site: Site) -> None:
     assert [(v["name"], v["status"]) for v in shown["variables"]] == [("n", "saved")]
     assert "segments" not in shown
     assert "groups" not in shown
+
+
+def test_show_says_whether_a_node_can_restore_the_image(
+    ckpt: Run, site: Site, tmp_path: Path
+) -> None:
+    save_on_node(site.store(), node_file(tmp_path, "h100"), 1 << 20, name="big")
+    out = ok(ckpt("show", "big", f"--node-facts={node_file(tmp_path, 'a10')}"))
+    assert out.endswith(
+        "  compatibility with this node: incompatible\n"
+        "    saved on a GPU of compute capability 9.0; this node's GPUs have at most 8.6\n"
+        "    saved on NVIDIA H100 80GB HBM3, this node has NVIDIA A10\n"
+    )
+    on_h100 = {"JUPYTER_CKPT_NODE_FACTS": str(node_file(tmp_path, "h100"))}
+    shown = json.loads(ok(ckpt("show", "big", "--json", **on_h100)))
+    assert shown["compatibility"] == {"verdict": "compatible", "reasons": []}
+    no_torch = node_file(tmp_path, "h100", packages={"torch": None})
+    out = ok(ckpt("show", "big", f"--node-facts={no_torch}"))
+    assert "    torch " in out and " is not installed\n" in out
+    out = ok(ckpt("show", "big", f"--node-facts={node_file(tmp_path, 'cpu')}"))
+    assert "    needs a GPU (cuda:0) and this node has none\n" in out
 
 
 def test_unknown_id_exits_1(ckpt: Run, site: Site) -> None:

@@ -155,7 +155,7 @@ def capture(
         "devices": sorted(stream.devices),
     }
     if any(d.startswith("cuda") for d in manifest["devices"]):
-        manifest["gpu"] = gpu_facts()
+        manifest["gpu"] = {**gpu_facts(), "device_bytes": stream.device_bytes()}
     return writer.commit(manifest)
 
 
@@ -220,11 +220,14 @@ def _write_stream(names: list[str], stream: Stream, writer: Any, part: int) -> l
 
 
 def gpu_facts() -> dict[str, Any]:
-    """The node's GPUs and the CUDA runtime torch was built for: what restore must match."""
-    from ..gpu import GpuProbe
+    """The node's GPUs and the CUDA runtime torch was built for: what restore must match
+    (:mod:`jupyter_ckpt.compat`). The node is probed, or described by its facts file."""
+    from ..compat import GPU_KEYS, node_facts
 
-    facts = GpuProbe().node()
+    facts = node_facts()
+    gpu = {k: v for k, v in facts.items() if k in GPU_KEYS}
     torch = sys.modules.get("torch")
-    if torch is not None:
-        facts["torch_cuda"] = torch.version.cuda
-    return facts
+    runtime = torch.version.cuda if torch is not None else None
+    # a CPU build of torch has none: a facts file may name the node's
+    gpu["torch_cuda"] = runtime or facts.get("torch_cuda")
+    return gpu

@@ -127,6 +127,15 @@ class Stream:
         self.devices |= p.devices
         return end - start + sum(b.nbytes for b in p.buffers[first:]), set(p.devices)
 
+    def device_bytes(self) -> dict[str, int]:
+        """Bytes of the stream's accelerator storages per device: what a restore must fit
+        on each GPU (storages of a variable that failed to pickle still count)."""
+        per_device: dict[str, int] = {}
+        for ref in self.pickler.storages.values():
+            if ref.device != "cpu":
+                per_device[ref.device] = per_device.get(ref.device, 0) + ref.storage.nbytes()
+        return per_device
+
     def _rewind(self, start: int, first: int, modules: set[str]) -> None:
         p = self.pickler
         memo = p.memo.copy()  # {id: (index, object)}

@@ -367,9 +367,17 @@ def _modified(info: dict[str, Any]) -> float:
     return modified.timestamp() if hasattr(modified, "timestamp") else float(modified)
 
 
+def local_path(url: str) -> str | None:
+    """The directory a store URL names on this machine, or None for a remote store."""
+    if "://" not in url or url.startswith("file://"):
+        return os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
+    return None
+
+
 def open_backend(
     url: str, fsync: bool = True, direct_io: bool = True, **storage_options: object
 ) -> LocalBackend | FsspecBackend:
-    if "://" not in url or url.startswith("file://"):
-        return LocalBackend(url.removeprefix("file://"), fsync=fsync, direct_io=direct_io)
+    path = local_path(url)
+    if path is not None:
+        return LocalBackend(path, fsync=fsync, direct_io=direct_io)
     return FsspecBackend(url, **storage_options)

@@ -96,6 +96,16 @@ class ImageStore(LoggingConfigurable):
             jupyter_data_dir(), "ckpt-secret"
         )
 
+    secret = Unicode(
+        help="The signing secret itself (32+ characters), used instead of secret_file: "
+        "JupyterHub's hooks give each user's server its own (jupyter_ckpt.hub). Not read "
+        "from config files, which are no place for a secret. Default: $JUPYTER_CKPT_SECRET."
+    )
+
+    @default("secret")
+    def _default_secret(self) -> str:
+        return os.environ.get("JUPYTER_CKPT_SECRET", "")
+
     encryption = Enum(
         ENCRYPTIONS,
         help="Encrypt what is written from now on (chunks, manifests, kernel records, the "
@@ -175,7 +185,7 @@ class ImageStore(LoggingConfigurable):
         self.root_url = root.url
         #: This user's part of the store: every read and write goes through it.
         self.backend = open_backend(prefix, **options)
-        self.signer = Signer(self.secret_file)
+        self.signer = Signer(self.secret_file, self.secret or None)
         self.cipher = Cipher(self.signer)
         encrypt = self.encryption != NONE
         #: Signs (and with encryption, encrypts) manifests, records, the index and leases.
@@ -186,6 +196,10 @@ class ImageStore(LoggingConfigurable):
         self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
         self._index = ManifestIndex(self.backend, self.sealer, self.log)
         self._collected_at = -float("inf")
+
+    def close(self) -> None:
+        """Stop the I/O threads (a long-lived process that opens many stores, as a hub)."""
+        self._pool.shutdown(wait=False)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -456,7 +470,7 @@ class ImageStore(LoggingConfigurable):
         """Bring every image and kernel record to the current secret and encryption
         (see :mod:`.rekey`); ``old_secret_file`` opens what the previous secret wrote.
         Yields what happened to each, as it goes."""
-        old = Signer(old_secret_file, use_env=False) if old_secret_file else None
+        old = Signer(old_secret_file) if old_secret_file else None
         return rekey(self, old)
 
     # -- moving images between stores -----------------------------------------------------

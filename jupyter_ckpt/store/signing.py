@@ -2,10 +2,10 @@
 
 The secret is per user and lives outside the store (a shared store must not hold the key
 that vouches for its contents). It is created on first use with mode 0600 and refused if
-anyone else can read it, as ssh does with private keys. Where no file can follow the user
-(a pod on another node), ``$JUPYTER_CKPT_SECRET`` holds it instead (hex, injected by the
-hub) and is used before any file. The same secret keys encryption at rest
-(:mod:`.encryption`), through keys derived from it (:meth:`Signer.derive`).
+anyone else can read it, as ssh does with private keys. Under JupyterHub the hub can give
+it instead (``JUPYTER_CKPT_SECRET``, derived per user: :mod:`jupyter_ckpt.hub.stores`), so
+that it follows the user to whichever node their server lands on. The same secret keys
+encryption at rest (:mod:`.encryption`), through keys derived from it (:meth:`Signer.derive`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from ..errors import IntegrityError, SecretError
 
 FORMAT = "jupyter-ckpt/1"
-SECRET_ENV = "JUPYTER_CKPT_SECRET"
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -33,15 +32,10 @@ def canonical_json(obj: Any) -> bytes:
 
 
 class Signer:
-    """``use_env=False`` reads the file even where ``$JUPYTER_CKPT_SECRET`` is set (an old
-    secret that ``jupyter ckpt rekey`` moves images away from)."""
-
-    def __init__(self, secret_file: str, use_env: bool = True) -> None:
+    def __init__(self, secret_file: str, secret: str | None = None) -> None:
+        """``secret``, when given, is used instead of the file (which is then not read)."""
         self.secret_file = os.path.abspath(os.path.expanduser(secret_file))
-        from_env = os.environ.get(SECRET_ENV, "").strip() if use_env else ""
-        #: Where the secret came from, for messages.
-        self.source = f"${SECRET_ENV}" if from_env else self.secret_file
-        self._secret = _checked(from_env, self.source) if from_env else self._load_or_create()
+        self._secret = _checked(secret, "JUPYTER_CKPT_SECRET") if secret else self._load_or_create()
         self.key_id = hashlib.sha256(b"jupyter-ckpt key id" + self._secret).hexdigest()[:16]
 
     def _load_or_create(self) -> bytes:
@@ -57,10 +51,17 @@ class Signer:
                     f"(mode {stat.S_IMODE(mode):o}); run: chmod 600 {path}"
                 )
             with open(path) as f:
-                secret = f.read().strip()
+                secret = f.read()
         except OSError as exc:
             raise SecretError(f"cannot read the signing secret {path}: {exc}") from exc
-        return _checked(secret, path)
+        # Never replaced silently: images signed with a lost secret could not be loaded
+        # again, so the user decides.
+        return _checked(
+            secret,
+            path,
+            "; if it is empty it was left by an interrupted first use: remove it and a new "
+            "one is created",
+        )
 
     def derive(self, label: bytes) -> bytes:
         """A 256-bit key for one purpose (``label``), derived from the secret with HKDF:
@@ -103,18 +104,11 @@ class Signer:
         return manifest
 
 
-def _checked(secret: str, source: str) -> bytes:
+def _checked(secret: str, where: str, hint: str = "") -> bytes:
+    secret = secret.strip()
     if len(secret) < 32:
-        # Never replaced silently: images signed with a lost secret could not be
-        # loaded again, so the user decides.
-        hint = (
-            ""
-            if source.startswith("$")
-            else "; if it is empty it was left by an interrupted first use: remove it "
-            "and a new one is created"
-        )
         raise SecretError(
-            f"the signing secret {source} is too short ({len(secret)} characters, need 32+){hint}"
+            f"the signing secret {where} is too short ({len(secret)} characters, need 32+){hint}"
         )
     return secret.encode()
 

@@ -22,6 +22,7 @@ from jupyter_ckpt.errors import (
     CkptError,
     ImageInUse,
     ImageNotFound,
+    IncompatibleImage,
     InvalidReference,
 )
 from jupyter_ckpt.store import check_ref
@@ -46,7 +47,7 @@ def _http_errors(
             raise web.HTTPError(404, str(exc)) from exc
         except (InvalidReference, AmbiguousReference) as exc:
             raise web.HTTPError(400, str(exc)) from exc
-        except (ImageInUse, SuspendFailed) as exc:
+        except (ImageInUse, IncompatibleImage, SuspendFailed) as exc:
             raise web.HTTPError(409, str(exc)) from exc
         except CkptError as exc:
             raise web.HTTPError(500, str(exc)) from exc

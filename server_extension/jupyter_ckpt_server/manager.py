@@ -22,10 +22,11 @@ from typing import Any
 
 from jupyter_core.utils import ensure_async
 from traitlets import Any as AnyTrait
-from traitlets import Float, Instance
+from traitlets import Float, Instance, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from jupyter_ckpt.errors import CkptError
+from jupyter_ckpt import compat
+from jupyter_ckpt.errors import CkptError, IncompatibleImage
 from jupyter_ckpt.gpu import GpuProbe, GpuSnapshot, GpuUsage
 from jupyter_ckpt.store import ImageStore
 
@@ -111,9 +112,20 @@ class CkptManager(LoggingConfigurable):
         10, help="Seconds to wait for a suspended kernel's GPU memory to be released."
     ).tag(config=True)
 
+    node_facts_file = Unicode(
+        help="A JSON file that describes this node instead of probing it (GpuProbe.node() "
+        "format, optionally with 'python' and 'packages'): what images are checked against "
+        "before a resume or restore. Default: $JUPYTER_CKPT_NODE_FACTS.",
+    ).tag(config=True)
+
+    @default("node_facts_file")
+    def _default_node_facts_file(self) -> str:
+        return os.environ.get(compat.NODE_FACTS_ENV, "")
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.records = self.store.records
+        self._node: dict[str, Any] | None = None
         # kernel id -> why its last checkpoint or suspend failed (shown in status)
         self.failures: dict[str, dict[str, Any]] = {}
         self._suspending: dict[str, asyncio.Task[dict[str, Any]]] = {}
@@ -126,6 +138,28 @@ class CkptManager(LoggingConfigurable):
         self.restore_count = 0
         self.kernel_manager.on_discard = self.discard
         self.kernel_manager.before_action = self.settle
+
+    @property
+    def node(self) -> dict[str, Any]:
+        """This node's facts; they change only with a driver reload, so asked once."""
+        if self._node is None:
+            self._node = compat.node_facts(self.node_facts_file or None, self.probe)
+        return self._node
+
+    async def ensure_compatible(self, image_id: str) -> None:
+        """Refuse, with the reasons, an image this node cannot restore: before any kernel
+        starts for it. Packages are looked up in the server's environment; kernels that
+        run in another are described by the node facts file's ``packages``."""
+        try:
+            manifest = await asyncio.to_thread(self.store.load_manifest, image_id)
+        except CkptError:
+            return  # unreadable or gone: the restore itself reports that, as before
+        problems = (await asyncio.to_thread(compat.assess, manifest, self.node))[0]
+        if problems:
+            raise IncompatibleImage(
+                f"image '{manifest['name']}' ({image_id[:12]}) cannot be restored on this "
+                f"node: {'; '.join(problems)}"
+            )
 
     # -- talking to a kernel --------------------------------------------------------------
 
@@ -481,6 +515,11 @@ class CkptManager(LoggingConfigurable):
                 return {"kernel_id": kernel_id, "image_id": None, "error": None}
             raise SuspendFailed(f"kernel {kernel_id} is not suspended")
         record = km.suspended[kernel_id]
+        try:
+            await self.ensure_compatible(record["image_id"])
+        except IncompatibleImage as exc:  # it stays suspended, its image kept, for a node that can
+            self.record_failure("restore", kernel_id, trigger, exc, started)
+            raise SuspendFailed(str(exc)) from exc
         record["state"] = "restoring"
         token = restoring.set(kernel_id)
         try:

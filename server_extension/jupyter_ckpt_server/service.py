@@ -66,14 +66,10 @@ class CkptService:
         self.manager = manager
         self.monitor = monitor
         self.session_manager = session_manager
-        self._node: dict[str, Any] | None = None
 
     @property
     def node(self) -> dict[str, Any]:
-        """Node facts change only with a driver reload; asked once."""
-        if self._node is None:
-            self._node = self.manager.probe.node()
-        return self._node
+        return self.manager.node
 
     def _image_states(self) -> dict[str, dict[str, str]]:
         km = self.manager.kernel_manager
@@ -135,6 +131,7 @@ class CkptService:
         if path is not None:
             check_path(path, km.root_dir)
         image_id = await asyncio.to_thread(manager.store.resolve, ref)
+        await manager.ensure_compatible(image_id)
         if path:
             # as the session manager starts a notebook's kernel: in the notebook's
             # directory, with JPY_SESSION_NAME, so later images keep naming the notebook
