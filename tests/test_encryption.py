@@ -504,3 +504,15 @@ def test_leases_are_encrypted_and_still_hold_off_gc(tmp_path: Path) -> None:
     finally:
         lease.release()
     assert store.gc(grace_seconds=0).files > 0
+
+
+def test_rekey_of_plain_images_to_a_new_secret_rewrites_no_chunk(tmp_path: Path) -> None:
+    """Plain chunks are named by an unkeyed hash: a new secret only re-signs manifests."""
+    old = ImageStore(url=str(tmp_path / "store"), secret_file=str(tmp_path / "old"))
+    manifest = save_namespace(old, {"x": np.arange(1 << 18)}, name="plain")
+    new = ImageStore(url=str(tmp_path / "store"), secret_file=str(tmp_path / "new"))
+    outcomes = [(o.kind, o.result, o.detail) for o in new.rekey(str(tmp_path / "old"))]
+    assert outcomes == [("image", "rekeyed", "none, 0 chunks rewritten")]
+    assert new.verify("plain")["segments"] == manifest["segments"]
+    with pytest.raises(IntegrityError, match="signed with a different secret"):
+        old.verify(manifest["id"])

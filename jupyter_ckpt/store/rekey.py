@@ -100,22 +100,23 @@ def _rekey_image(
         raise IntegrityError(f"image {image_id}: manifest names another id, refusing it")
     source = chunks_of(manifest, forms)
     target_sealer, target = _target(store, data)
-    current = sealer is store.sealer and source is target
-    if current and is_encrypted(data) == target_sealer.encrypt:
+    # Plain chunks' names do not depend on the secret; encrypted ones' do.
+    keep_chunks = source.encryption == target.encryption and (
+        source.encryption == NONE or sealer is store.sealer
+    )
+    if keep_chunks and sealer is store.sealer and is_encrypted(data) == target_sealer.encrypt:
         return Outcome("image", image_id, "current", source.encryption)
     lease = store.lease()
     try:
         rewritten = 0
-        if source is not target:  # plain chunks' names do not depend on the secret
+        if not keep_chunks:
             rewritten = _move_chunks(store, manifest, (sealer, forms), target, moved)
+
+        def name(digest: str) -> str:
+            return digest if keep_chunks else moved[_moved_key(sealer, source, digest)]
+
         segments = [
-            {
-                **s,
-                "chunks": [
-                    [moved.get(_moved_key(sealer, source, d), d), n] for d, n in s["chunks"]
-                ],
-            }
-            for s in manifest["segments"]
+            {**s, "chunks": [[name(d), n] for d, n in s["chunks"]]} for s in manifest["segments"]
         ]
         new = {**manifest, "segments": segments, "encryption": target.encryption}
         store.backend.write_atomic(path, target_sealer.seal(new, "manifest"))
