@@ -15,12 +15,12 @@ Keys are derived from the user's secret (the signing secret, kept outside the st
   tell what a chunk holds or find the same data in another user's part of the store.
 
 An encrypted object is ``MAGIC + key id + nonce + ciphertext + tag``; a chunk is padded
-with zeros to a multiple of 4 KiB, so a restore reads it whole with direct I/O as it does a
-plain one (checked: the padding must be zeros). The key id (also in
-every signed envelope) names the secret, so an object under another one is refused as
-such. What stays visible is what the layout shows: how many objects, their sizes and
-times. Signatures stay too: an encrypted manifest holds the signed envelope, so every
-check that a plaintext image gets still runs after decryption.
+with zeros to a multiple of 4 KiB, so a restore reads it whole with direct I/O as it does
+a plain one (the padding must be zeros). The key id (also in every signed envelope) names
+the secret, so an object under another one is refused as such. What stays visible is what
+the layout shows: how many objects, their sizes and times. Signatures stay too: an
+encrypted manifest holds the signed envelope, so every check that a plaintext image gets
+still runs after decryption.
 
 Manifests say how their chunks are stored (``"encryption"``), and objects are recognised
 by their first bytes, so images written before encryption was switched on stay readable,
