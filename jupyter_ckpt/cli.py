@@ -1,4 +1,4 @@
-"""`jupyter ckpt`: list, show, verify, remove, collect and move images from a shell.
+"""`jupyter ckpt`: list, show, verify, remove, collect, move and rekey images from a shell.
 
 Built like `jupyter kernelspec`: one JupyterApp per subcommand, so ``ImageStore`` is a
 configurable (``--ImageStore.url=...``, ``--store=URL``, config files) exactly as in the
@@ -72,7 +72,14 @@ class CkptBaseApp(JupyterApp):
         "secret-file": (
             "ImageStore.secret_file",
             "The signing secret. When unset: $JUPYTER_CKPT_SECRET_FILE, else "
-            "<jupyter data dir>/ckpt-secret.",
+            "<jupyter data dir>/ckpt-secret. $JUPYTER_CKPT_SECRET (the secret itself, in "
+            "hex) is used before any file.",
+        ),
+        "encryption": (
+            "ImageStore.encryption",
+            "How new images are stored: none or aes-256-gcm. When unset: "
+            "ImageStore.encryption from the server's config, else $JUPYTER_CKPT_ENCRYPTION, "
+            "else none.",
         ),
         "user": (
             "ImageStore.user",
@@ -306,6 +313,43 @@ class ImportImage(CkptBaseApp):
         return [f"Imported image {store.import_(args[0])} from {args[0]}"]
 
 
+class RekeyImages(CkptBaseApp):
+    name = "jupyter ckpt rekey"
+    description = (
+        "Rewrite your images and suspended-kernel records under the current secret: "
+        "after the secret changed (give the old one with --old-secret-file), or to "
+        "encrypt the images written before ImageStore.encryption was switched on. Image "
+        "ids stay; old chunks are left to `jupyter ckpt gc`. Encrypted images are never "
+        "decrypted back to plaintext."
+    )
+    examples = (
+        "jupyter ckpt rekey --encryption=aes-256-gcm\n"
+        "jupyter ckpt rekey --old-secret-file=~/.local/share/jupyter/ckpt-secret.old"
+    )
+
+    old_secret_file = Unicode(
+        "", help="The previous secret, to read what was written under it (read-only)."
+    ).tag(config=True)
+    aliases = {**CkptBaseApp.aliases, "old-secret-file": "RekeyImages.old_secret_file"}
+
+    def run(self, store: ImageStore, *args: str) -> list[str]:
+        counts = {"rekeyed": 0, "current": 0, "failed": 0}
+        for outcome in store.rekey(self.old_secret_file or None):
+            counts[outcome.result] += 1
+            if outcome.result != "current":  # a long rekey shows its progress
+                detail = f" ({outcome.detail})" if outcome.result == "rekeyed" else ""
+                problem = f": {outcome.detail}" if outcome.result == "failed" else ""
+                verb = "Rekeyed" if outcome.result == "rekeyed" else "Could not rekey"
+                print(f"{verb} {outcome.kind} {outcome.ident}{detail}{problem}", flush=True)
+        summary = (
+            f"{counts['rekeyed']} rewritten, {counts['current']} already current "
+            f"(encryption for new images: {store.encryption})"
+        )
+        if counts["failed"]:
+            raise CkptError(f"{counts['failed']} could not be rekeyed (see above); {summary}")
+        return [summary]
+
+
 COMMANDS: tuple[type[CkptBaseApp], ...] = (
     ListImages,
     ShowImage,
@@ -314,6 +358,7 @@ COMMANDS: tuple[type[CkptBaseApp], ...] = (
     CollectGarbage,
     ExportImage,
     ImportImage,
+    RekeyImages,
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import re
 import socket
 import subprocess
@@ -39,9 +40,11 @@ class KernelError(AssertionError):
 
 @dataclass
 class Paths:
-    """Where one test module keeps its store, secret and kernel working directories."""
+    """Where one test module keeps its store, secret and kernel working directories, and
+    how its store is encrypted (``ImageStore.encryption``)."""
 
     root: Path
+    encryption: str = "none"
 
     @property
     def store(self) -> Path:
@@ -53,13 +56,16 @@ class Paths:
 
     def open_store(self) -> ImageStore:
         """The kernels' store, opened in the test process."""
-        return ImageStore(url=str(self.store), secret_file=str(self.secret))
+        return ImageStore(
+            url=str(self.store), secret_file=str(self.secret), encryption=self.encryption
+        )
 
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
             "JUPYTER_CKPT_STORE": str(self.store),
             "JUPYTER_CKPT_SECRET_FILE": str(self.secret),
+            "JUPYTER_CKPT_ENCRYPTION": self.encryption,
             "IPYTHONDIR": str(self.root / "ipython"),
             # so kernels can import the test stand-ins (fake_devices)
             "PYTHONPATH": os.pathsep.join(
@@ -386,6 +392,33 @@ def load_namespace(store: ImageStore, ref: str) -> dict[str, Any]:
     assert_complete(manifest, report.restored)
     assert_complete(manifest, namespace)
     return namespace
+
+
+def plaintext_in(files: dict[str, bytes], known: dict[str, bytes]) -> dict[str, list[str]]:
+    """Which of the ``known`` plaintexts (label -> bytes) each raw file shows, as someone
+    with the store's files but not the key would search them; only files with a hit."""
+    found = {name: [k for k, text in known.items() if text in data] for name, data in files.items()}
+    return {name: hits for name, hits in found.items() if hits}
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: the stand-in for arbitrary code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return open, (str(self.marker), "w")
+
+
+def payload(marker: Path) -> bytes:
+    """A pickle that creates ``marker`` when loaded: what a crafted image would carry."""
+    return pickle.dumps(_Payload(marker), protocol=5)
+
+
+def group_of(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    """The group of an image that holds variable ``name``."""
+    return next(g for g in manifest["groups"] if name in g["names"])
 
 
 def chunk_files(manifest: dict[str, Any]) -> set[str]:

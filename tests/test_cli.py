@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import node_file, save_on_node
+from harness import node_file, plaintext_in, save_on_node
 
 from jupyter_ckpt import image
 from jupyter_ckpt.store import ImageStore, chunk_path, manifest_path
 
 JUPYTER = str(Path(sys.executable).with_name("jupyter"))
 USER = "tester"
-COMMANDS = ("list", "show", "verify", "rm", "gc", "export", "import")
+COMMANDS = ("list", "show", "verify", "rm", "gc", "export", "import", "rekey")
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -55,14 +55,20 @@ class Site:
         env.update(overrides)
         return env
 
-    def store(self, store_dir: Path | None = None, secret: Path | None = None) -> ImageStore:
+    def store(
+        self, store_dir: Path | None = None, secret: Path | None = None, encryption: str = "none"
+    ) -> ImageStore:
         return ImageStore(
-            url=str(store_dir or self.store_dir), secret_file=str(secret or self.secret), user=USER
+            url=str(store_dir or self.store_dir),
+            secret_file=str(secret or self.secret),
+            user=USER,
+            encryption=encryption,
         )
 
-    def save(self, name: str, **variables: Any) -> dict[str, Any]:
+    def save(self, name: str, store: ImageStore | None = None, **variables: Any) -> dict[str, Any]:
         """Write an image of ``variables``; return its manifest."""
-        return image.capture(variables, dict(variables), self.store().writer(), name=name)
+        writer = (store or self.store()).writer()
+        return image.capture(variables, dict(variables), writer, name=name)
 
 
 @pytest.fixture
@@ -415,3 +421,72 @@ def test_bad_store_setting_exits_1(ckpt: Run) -> None:
     failed(ckpt("list", "--ImageStore.io_threads=many"), 1, "bad store configuration", "many")
     failed(ckpt("list", "--store=nosuchproto://bucket"), 1, "cannot open the store")
     failed(ckpt("list", "--store="), 1, "ImageStore.url is empty")
+
+
+# -- rekey ---------------------------------------------------------------------------------
+
+# What the images and records below hold, as it would show in a file that is not encrypted.
+KNOWN = {
+    "variable name": b"weights_of_the_model",
+    "notebook path": b"projects/secret-plan.ipynb",
+    "array bytes": b"\x8a\x13fixed-array-pattern\x8a\x13" * 4,
+}
+
+
+def save_known(site: Site, store: ImageStore) -> dict[str, Any]:
+    manifest = site.save("session", store, weights_of_the_model=KNOWN["array bytes"] * 5000)
+    store.records.put(
+        {"kernel_id": "k-1", "image_id": manifest["id"], "path": KNOWN["notebook path"].decode()}
+    )
+    return manifest
+
+
+def test_rekey_encrypts_the_plaintext_images_and_records(ckpt: Run, site: Site) -> None:
+    manifest = save_known(site, site.store())
+    assert set(plaintext_in(files(site.data), KNOWN)), "control: a plain store shows them"
+
+    out = ok(ckpt("rekey", "--encryption=aes-256-gcm"))
+    assert f"Rekeyed image {manifest['id']} (aes-256-gcm, " in out
+    assert "Rekeyed kernel record k-1" in out
+    assert out.strip().endswith(
+        "2 rewritten, 0 already current (encryption for new images: aes-256-gcm)"
+    )
+    ok(ckpt("gc", "--grace=0"))  # the plaintext chunks, now unreferenced
+    assert plaintext_in(files(site.data), KNOWN) == {}
+    assert ok(ckpt("verify", "session")).startswith(f"OK {manifest['id']}")
+    assert site.store().records.get("k-1")["image_id"] == manifest["id"], "the id stays"
+
+    again = ok(ckpt("rekey", "--encryption=aes-256-gcm")).strip()
+    assert again == "0 rewritten, 2 already current (encryption for new images: aes-256-gcm)"
+
+
+def test_rekey_moves_images_to_a_new_secret_given_in_the_environment(ckpt: Run, site: Site) -> None:
+    """The hub case: the secret rotated, the new one comes from $JUPYTER_CKPT_SECRET and
+    the old one is kept in a file that rekey only reads."""
+    manifest = save_known(site, site.store(encryption="aes-256-gcm"))
+    old = files(site.root / "keys")
+    new_secret = {"JUPYTER_CKPT_SECRET": "ab" * 32}
+    failed(ckpt("verify", manifest["id"], **new_secret), 1, "encrypted with a different secret")
+
+    out = ok(ckpt("rekey", f"--old-secret-file={site.secret}", **new_secret))
+    assert f"Rekeyed image {manifest['id']} (aes-256-gcm, " in out
+    assert "Rekeyed kernel record k-1" in out
+    assert files(site.root / "keys") == old, "the old secret is only read"
+    ok(ckpt("verify", "session", **new_secret))
+    failed(ckpt("verify", manifest["id"]), 1, "encrypted with a different secret")
+    assert plaintext_in(files(site.data), KNOWN) == {}
+
+
+def test_rekey_names_what_it_cannot_open_and_rekeys_the_rest(ckpt: Run, site: Site) -> None:
+    mine = site.save("mine", a=1)
+    other = site.root / "other-keys" / "secret"
+    theirs = site.save("theirs", site.store(secret=other, encryption="aes-256-gcm"), a=2)
+
+    result = ckpt("rekey", "--encryption=aes-256-gcm")
+    assert result.returncode == 1
+    assert f"Rekeyed image {mine['id']}" in result.stdout
+    assert f"Could not rekey image {theirs['id']}: image {theirs['id']}: encrypted with a " in (
+        result.stdout
+    )
+    assert "1 could not be rekeyed (see above); 1 rewritten" in result.stderr
+    ok(ckpt("verify", "mine", "--encryption=aes-256-gcm"))

@@ -16,33 +16,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from harness import Kernel, Paths
+from harness import Kernel, Paths, group_of, payload
 
 from jupyter_ckpt import image
 from jupyter_ckpt.errors import IntegrityError, InvalidReference, SecretError
 from jupyter_ckpt.store import ImageStore, check_ref, chunk_hash, chunk_path, manifest_path
 from jupyter_ckpt.store.signing import Signer
-
-
-class _Payload:
-    """Unpickling this creates ``marker``: the stand-in for arbitrary code."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        return open, (str(self.marker), "w")
-
-
-def payload(marker: Path) -> bytes:
-    return pickle.dumps(_Payload(marker), protocol=5)
-
-
-def group_of(manifest: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(g for g in manifest["groups"] if name in g["names"])
 
 
 def load_unchecked(store: ImageStore, image_id: str) -> None:

@@ -3,7 +3,8 @@
 An image's bytes are a list of *segments* (one packed stream of small pickles and
 buffers, then one segment per large buffer). Segments are cut into fixed-size chunks named
 by their hash (see :mod:`.layout`), so a second save of a slightly changed session writes
-only the chunks that changed.
+only the chunks that changed. With ``encryption`` on, every object is encrypted under a
+key of the user's secret (:mod:`.encryption`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
-from traitlets import Bool, Dict, Float, Int, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Int, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ..errors import (
@@ -33,6 +34,7 @@ from ..errors import (
     InvalidReference,
 )
 from .backends import LocalBackend, open_backend
+from .encryption import ENCRYPTIONS, NONE, Chunks, Cipher, Sealer, chunk_forms, chunks_of
 from .index import Entry, ManifestIndex
 from .layout import (
     BUFFER_BYTES,
@@ -40,13 +42,13 @@ from .layout import (
     ID_RE,
     MANIFEST_MAX,
     check_ref,
-    chunk_hash,
     chunk_path,
     manifest_path,
 )
 from .leases import Lease, live_leases
 from .reading import Segments, allocate
 from .records import KernelRecords
+from .rekey import Outcome, rekey
 from .signing import Signer
 from .users import check_user, prepare_local, user_prefix
 from .writer import ImageWriter
@@ -103,6 +105,19 @@ class ImageStore(LoggingConfigurable):
     @default("secret")
     def _default_secret(self) -> str:
         return os.environ.get("JUPYTER_CKPT_SECRET", "")
+
+    encryption = Enum(
+        ENCRYPTIONS,
+        help="Encrypt what is written from now on (chunks, manifests, kernel records, the "
+        "image index) with AES-256-GCM under a key derived from the user's secret: "
+        "recommended on shared and object stores. Images of either kind stay readable "
+        "with the secret; `jupyter ckpt rekey` encrypts older ones. Kernels read "
+        "$JUPYTER_CKPT_ENCRYPTION.",
+    ).tag(config=True)
+
+    @default("encryption")
+    def _default_encryption(self) -> str:
+        return os.environ.get("JUPYTER_CKPT_ENCRYPTION") or NONE
 
     fsync = Bool(True, help="fsync chunks and manifests before an image counts as committed.").tag(
         config=True
@@ -171,8 +186,15 @@ class ImageStore(LoggingConfigurable):
         #: This user's part of the store: every read and write goes through it.
         self.backend = open_backend(prefix, **options)
         self.signer = Signer(self.secret_file, self.secret or None)
+        self.cipher = Cipher(self.signer)
+        encrypt = self.encryption != NONE
+        #: Signs (and with encryption, encrypts) manifests, records, the index and leases.
+        self.sealer = Sealer(self.signer, self.cipher, encrypt)
+        self._chunk_forms = chunk_forms(self.cipher)
+        #: How this store writes chunks; each image is read as its manifest says.
+        self.chunks = self._chunk_forms[self.encryption]
         self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
-        self._index = ManifestIndex(self.backend, self.signer, self.log)
+        self._index = ManifestIndex(self.backend, self.sealer, self.log)
         self._collected_at = -float("inf")
 
     def close(self) -> None:
@@ -185,26 +207,28 @@ class ImageStore(LoggingConfigurable):
         return ImageWriter(self)
 
     def _put_chunk(
-        self, data: memoryview, claim: Callable[[str], bool]
+        self, data: memoryview, claim: Callable[[str], bool], chunks: Chunks | None = None
     ) -> tuple[str, int, str | None]:
         """(digest, bytes written, staged file or None); the commit publishes the staged.
+        Written as this store writes chunks, or as ``chunks`` says (a rekey).
 
-        The chunk is hashed and written from one private copy: a thread that changes the
-        buffer meanwhile can make the image a mix of old and new values, but never a chunk
-        whose bytes do not match its name.
+        The chunk is hashed (and encrypted) from one private copy: a thread that changes
+        the buffer meanwhile can make the image a mix of old and new values, but never a
+        chunk whose bytes do not match its name.
         """
+        chunks = chunks or self.chunks
         data = memoryview(bytes(data))
-        digest = chunk_hash(data)
+        digest = chunks.name(data)
         path = chunk_path(digest)
         # A reusable chunk is refreshed, not skipped: an unreferenced one (of a deleted
         # image) would otherwise look old to a concurrent gc and go before our manifest.
         if not claim(digest) or self.backend.reusable(path, GC_GRACE_SECONDS / 2):
             return digest, 0, None
-        return digest, len(data), self.backend.stage(path, data)
+        return digest, len(data), self.backend.stage(path, chunks.encode(digest, data))
 
     def lease(self) -> Lease:
         """Tell gc that a writer may be reusing unreferenced chunks (see :mod:`.leases`)."""
-        return Lease(self.backend)
+        return Lease(self.backend, self.sealer)
 
     def missing_chunks(self, manifest: dict[str, Any]) -> list[str]:
         """The chunks an image names that are not in the store."""
@@ -234,7 +258,7 @@ class ImageStore(LoggingConfigurable):
             data = self.backend.read_bytes(path)
         except FileNotFoundError:
             raise ImageNotFound(f"no image with id {image_id} in {self.backend.url}") from None
-        manifest = self.signer.open(data, f"image {image_id}")
+        manifest = self.sealer.open(data, f"image {image_id}", "manifest")
         if manifest.get("id") != image_id:
             raise IntegrityError(f"image {image_id}: manifest names another id, refusing it")
         return manifest
@@ -270,22 +294,32 @@ class ImageStore(LoggingConfigurable):
     def read_segments(self, manifest: dict[str, Any]) -> Segments:
         """The image's segments, each read and verified when first used and dropped after
         its last use, so a restore holds one group's data at a time, not the image."""
-        return Segments(manifest, self._read_chunk, self._pool)
+        return Segments(manifest, self.chunk_reader(manifest), self._pool)
 
-    def _read_chunk(self, digest: str, out: memoryview) -> None:
-        try:
-            n = self.backend.read_into(chunk_path(digest), out)
-        except FileNotFoundError:
-            raise IntegrityError(f"chunk {digest} is missing from the store") from None
-        if n != len(out) or chunk_hash(out) != digest:
-            raise IntegrityError(f"chunk {digest} was altered (content does not match its hash)")
+    def chunk_reader(
+        self, manifest: dict[str, Any], forms: dict[str, Chunks] | None = None
+    ) -> Callable[[str, memoryview], None]:
+        """Reads one chunk of the image into a buffer of its size and checks it (hash, or
+        decryption) before anyone can use it; ``forms`` decode under another secret."""
+        chunks = chunks_of(manifest, forms or self._chunk_forms)
+
+        def read(digest: str, out: memoryview) -> None:
+            stored = chunks.buffer(chunks.stored_size(len(out)), out)
+            try:
+                n = self.backend.read_into(chunk_path(digest), stored)
+            except FileNotFoundError:
+                raise IntegrityError(f"chunk {digest} is missing from the store") from None
+            chunks.decode_into(digest, stored[:n], out)
+
+        return read
 
     def verify(self, ref: str) -> dict[str, Any]:
         """Check signature and every chunk; return the manifest. Unpickles nothing, and
         holds only one chunk per I/O thread in memory, whatever the image's size."""
         manifest = self.open(ref)
+        read = self.chunk_reader(manifest)
         chunks = [chunk for segment in manifest["segments"] for chunk in segment["chunks"]]
-        for _ in self._pool.map(lambda c: self._read_chunk(c[0], allocate(c[1])), chunks):
+        for _ in self._pool.map(lambda c: read(c[0], allocate(c[1])), chunks):
             pass
         return manifest
 
@@ -327,17 +361,19 @@ class ImageStore(LoggingConfigurable):
         its chunks before its manifest, and they must survive until the manifest lands.
         While any writer holds a live lease (:mod:`.leases`) no unreferenced chunk is
         removed at all, since it may be reusing one; and a manifest we cannot read may
-        reference any chunk, so one of those also keeps every chunk.
+        reference any chunk, so one of those also keeps every chunk (as does one encrypted
+        under another secret, e.g. the one before a rotation that ``rekey`` has not seen).
         """
         referenced: set[str] = set()
         notes = []
         for image_id in self.image_ids():
+            path = manifest_path(image_id)
             try:
-                data = json.loads(self.backend.read_bytes(manifest_path(image_id)))
-                segments = data["manifest"]["segments"]
+                data = self.sealer.reveal(self.backend.read_bytes(path), path, "manifest")
+                segments = json.loads(data)["manifest"]["segments"]
             except (FileNotFoundError, ValueError, KeyError, TypeError):
                 continue  # gone, or not a manifest: it references nothing
-            except OSError as exc:
+            except (OSError, IntegrityError) as exc:
                 notes.append(
                     f"image {image_id}: cannot read its manifest ({exc}); no chunk is "
                     "removed while an unreadable image may reference it"
@@ -351,7 +387,7 @@ class ImageStore(LoggingConfigurable):
             for path, mtime, size in list(self.backend.walk_files("chunks"))
             if path.rsplit("/", 1)[-1] not in referenced and mtime <= cutoff
         ]
-        leases = live_leases(self.backend, now)
+        leases = live_leases(self.backend, self.sealer, now)
         if leases and candidates:
             notes.append(
                 f"{len(leases)} save(s) in progress: unreferenced chunks are kept until they finish"
@@ -430,6 +466,13 @@ class ImageStore(LoggingConfigurable):
         result = self.gc(grace_seconds)
         return RetentionResult(removed, result.files, result.freed, result.notes)
 
+    def rekey(self, old_secret_file: str | None = None) -> Iterator[Outcome]:
+        """Bring every image and kernel record to the current secret and encryption
+        (see :mod:`.rekey`); ``old_secret_file`` opens what the previous secret wrote.
+        Yields what happened to each, as it goes."""
+        old = Signer(old_secret_file) if old_secret_file else None
+        return rekey(self, old)
+
     # -- moving images between stores -----------------------------------------------------
 
     def export(self, ref: str, file: str) -> str:
@@ -468,10 +511,11 @@ class ImageStore(LoggingConfigurable):
             if "manifest.json" not in members:
                 raise IntegrityError(f"{file}: not a jupyter-ckpt export (no manifest.json)")
             sealed = self._tar_read(tar, members["manifest.json"], MANIFEST_MAX)
-            manifest = self.signer.open(sealed, file)
+            manifest = self.sealer.open(sealed, file, "manifest")
             image_id = check_ref(manifest.get("id", ""), "image id")
             if not ID_RE.match(image_id):
                 raise IntegrityError(f"{file}: bad image id {image_id!r}")
+            chunks = chunks_of(manifest, self._chunk_forms)
             lease = self.lease()
             staged: list[tuple[str, str]] = []
             try:
@@ -481,9 +525,11 @@ class ImageStore(LoggingConfigurable):
                     member = members.get(path)
                     if member is None:
                         raise IntegrityError(f"{file}: chunk {digest} is missing")
-                    data = self._tar_read(tar, member, size)
-                    if len(data) != size or chunk_hash(data) != digest:
-                        raise IntegrityError(f"{file}: chunk {digest} was altered")
+                    data = self._tar_read(tar, member, chunks.stored_size(size))
+                    try:
+                        chunks.check(digest, data, size)
+                    except IntegrityError as exc:
+                        raise IntegrityError(f"{file}: {exc}") from None
                     if not self.backend.reusable(path, GC_GRACE_SECONDS / 2):
                         staged.append((self.backend.stage(path, data), path))
                 self._publish(staged)

@@ -6,7 +6,8 @@ size and change times locally, ETag, size and time on object stores). An index e
 used only while its fingerprint still matches the manifest file it was made from;
 anything new or changed is read and verified from its manifest, and an image whose
 manifest is gone is gone whatever the index says. The index itself is signed with the
-user's secret (like a manifest) and ignored if the signature fails, so a stale,
+user's secret (like a manifest, and encrypted like one) and ignored if the signature
+fails, so a stale,
 replayed or tampered index can cost extra reads but never hide an image or forge one.
 
 Nothing updates the index on commit or delete. A listing that finds a few manifests it
@@ -31,7 +32,7 @@ from .layout import ID_RE, MANIFEST
 
 if TYPE_CHECKING:
     from .backends import Backend
-    from .signing import Signer
+    from .encryption import Sealer
 
 INDEX = "index.json"
 KIND = "jupyter-ckpt/index"
@@ -52,9 +53,9 @@ def summary(manifest: dict[str, Any]) -> dict[str, Any]:
 class ManifestIndex:
     """This process's verified summaries, backed by the signed index object of the store."""
 
-    def __init__(self, backend: Backend, signer: Signer, log: logging.Logger) -> None:
+    def __init__(self, backend: Backend, sealer: Sealer, log: logging.Logger) -> None:
         self.backend = backend
-        self.signer = signer
+        self.sealer = sealer
         self.log = log
         # id -> (fingerprint, summary); only ever holds summaries we verified.
         self._known: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -126,7 +127,8 @@ class ManifestIndex:
             self.log.warning("Ignoring the image index: cannot read it (%s)", exc)
             return {}
         try:
-            index = self.signer.open(data, f"the image index {self.backend.url}/{INDEX}")
+            where = f"the image index {self.backend.url}/{INDEX}"
+            index = self.sealer.open(data, where, "index")
             if index.get("kind") != KIND:
                 raise IntegrityError(f"{INDEX} is not an image index")
             entries = index["entries"]
@@ -137,7 +139,8 @@ class ManifestIndex:
 
     def _write(self, known: dict[str, tuple[str, dict[str, Any]]]) -> None:
         """Store the index; a failure only means the next process reads manifests."""
-        sealed = self.signer.seal({"kind": KIND, "entries": {i: list(e) for i, e in known.items()}})
+        entries = {i: list(e) for i, e in known.items()}
+        sealed = self.sealer.seal({"kind": KIND, "entries": entries}, "index")
         try:
             self.backend.write_atomic(INDEX, sealed)
         except (OSError, CkptError) as exc:

@@ -8,7 +8,8 @@ the writer starts, put again every ``LEASE_REFRESH_SECONDS`` while it writes, re
 after its manifest is committed and checked. gc removes no unreferenced chunk while a
 lease younger than ``LEASE_STALE_SECONDS`` exists. A writer killed mid-save leaves a
 lease behind: gc removes it once it is stale, or at once when the lease names a process of
-this host that no longer runs. Writers also re-put a reused chunk that
+this host that no longer runs. With encryption on, a lease is encrypted like the rest
+(it names a host and a process). Writers also re-put a reused chunk that
 is older than half of ``GC_GRACE_SECONDS`` (see ``Backend.reusable``), which closes the
 window between gc's lease check and its removals.
 """
@@ -26,8 +27,11 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from ..errors import IntegrityError
+
 if TYPE_CHECKING:
     from .backends import Backend
+    from .encryption import Sealer
 
 LEASE_REFRESH_SECONDS = 60.0
 LEASE_STALE_SECONDS = 10 * LEASE_REFRESH_SECONDS
@@ -37,8 +41,11 @@ LEASES = "leases"
 class Lease:
     """Held by one writer from its first chunk until its image is committed."""
 
-    def __init__(self, backend: Backend, refresh: float = LEASE_REFRESH_SECONDS) -> None:
+    def __init__(
+        self, backend: Backend, sealer: Sealer, refresh: float = LEASE_REFRESH_SECONDS
+    ) -> None:
         self.backend = backend
+        self.sealer = sealer
         self.path = f"{LEASES}/{uuid.uuid4().hex}"
         self._put()
         self._stop = threading.Event()
@@ -49,7 +56,7 @@ class Lease:
 
     def _put(self) -> None:
         holder = {"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}
-        self.backend.write_atomic(self.path, json.dumps(holder).encode())
+        self.backend.write_atomic(self.path, self.sealer.wrap(json.dumps(holder).encode(), "lease"))
 
     def _keep(self, refresh: float) -> None:
         while not self._stop.wait(refresh):
@@ -62,24 +69,24 @@ class Lease:
         self.backend.remove(self.path)
 
 
-def live_leases(backend: Backend, now: float) -> list[str]:
+def live_leases(backend: Backend, sealer: Sealer, now: float) -> list[str]:
     """Leases of writers that may still run; stale ones (killed writers) are removed."""
     live = []
     for path, mtime, _ in list(backend.walk_files(LEASES)):
-        if mtime > now - LEASE_STALE_SECONDS and _holder_may_run(backend, path):
+        if mtime > now - LEASE_STALE_SECONDS and _holder_may_run(backend, sealer, path):
             live.append(path)
         else:
             backend.remove(path)
     return live
 
 
-def _holder_may_run(backend: Backend, path: str) -> bool:
+def _holder_may_run(backend: Backend, sealer: Sealer, path: str) -> bool:
     try:
-        holder = json.loads(backend.read_bytes(path))
+        holder = json.loads(sealer.reveal(backend.read_bytes(path), path, "lease"))
         local = holder["host"] == socket.gethostname()
         pid = int(holder["pid"])
     except FileNotFoundError:
         return False  # released meanwhile
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, IntegrityError):
         return True  # unreadable or from elsewhere: only its age can tell
     return not local or psutil.pid_exists(pid)

@@ -5,7 +5,8 @@ the kernel down, and removes it once the kernel runs again. A record is what let
 restarted server list the kernel under its old id and restore it later, and what retention
 consults so that an image a suspended kernel needs is never removed. Records are signed
 with the store's secret like manifests, so a record planted in a shared store cannot make
-the server start a kernel with another spec, directory or environment.
+the server start a kernel with another spec, directory or environment; with encryption on
+they are encrypted too, since they hold notebook paths and environments.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class KernelRecords:
     def put(self, record: dict[str, Any]) -> None:
         """Write (or replace) the record of ``record["kernel_id"]``, atomically."""
         path = record_path(record["kernel_id"])
-        self.store.backend.write_atomic(path, self.store.signer.seal(record))
+        self.store.backend.write_atomic(path, self.store.sealer.seal(record, "record"))
         self.store.backend.sync_dir("kernels")
 
     def get(self, kernel_id: str) -> dict[str, Any]:
@@ -44,7 +45,7 @@ class KernelRecords:
             data = self.store.backend.read_bytes(record_path(kernel_id))
         except FileNotFoundError:
             raise ImageNotFound(f"no suspended kernel {kernel_id}") from None
-        record = self.store.signer.open(data, f"kernel record {kernel_id}")
+        record = self.store.sealer.open(data, f"kernel record {kernel_id}", "record")
         if record.get("kernel_id") != kernel_id:
             raise IntegrityError(f"kernel record {kernel_id} names another kernel, refusing it")
         return record

@@ -4,7 +4,8 @@ The secret is per user and lives outside the store (a shared store must not hold
 that vouches for its contents). It is created on first use with mode 0600 and refused if
 anyone else can read it, as ssh does with private keys. Under JupyterHub the hub can give
 it instead (``JUPYTER_CKPT_SECRET``, derived per user: :mod:`jupyter_ckpt.hub.stores`), so
-that it follows the user to whichever node their server lands on.
+that it follows the user to whichever node their server lands on. The same secret keys
+encryption at rest (:mod:`.encryption`), through keys derived from it (:meth:`Signer.derive`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import os
 import secrets
 import stat
 from typing import Any
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import IntegrityError, SecretError
 
@@ -57,6 +61,13 @@ class Signer:
             path,
             "; if it is empty it was left by an interrupted first use: remove it and a new "
             "one is created",
+        )
+
+    def derive(self, label: bytes) -> bytes:
+        """A 256-bit key for one purpose (``label``), derived from the secret with HKDF:
+        keys for different purposes are independent, and none reveals the secret."""
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=label).derive(
+            self._secret
         )
 
     def _mac(self, payload: bytes) -> str:

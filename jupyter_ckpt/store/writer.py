@@ -109,12 +109,14 @@ class ImageWriter:
             "id": self.image_id,
             "segments": segments,
             "sizes": {**manifest.get("sizes", {}), "logical": logical, "written": written},
+            "encryption": self.store.chunks.encryption,
         }
         backend = self.store.backend
         try:
             # Chunks are durable and in place before the manifest that names them.
             self.store._publish(staged)
-            backend.write_atomic(manifest_path(self.image_id), self.store.signer.seal(manifest))
+            sealed = self.store.sealer.seal(manifest, "manifest")
+            backend.write_atomic(manifest_path(self.image_id), sealed)
             backend.sync_dir(f"images/{self.image_id}")
             backend.sync_dir("images")  # the new image directory's own entry
             self._check_chunks(manifest)

@@ -64,6 +64,7 @@ class CkptExtensionApp(ExtensionApp):
             "JUPYTER_CKPT_STORE": store.root_url,
             "JUPYTER_CKPT_USER": store.user,
             "JUPYTER_CKPT_SECRET_FILE": store.signer.secret_file,
+            "JUPYTER_CKPT_ENCRYPTION": store.encryption,
             "JUPYTER_CKPT_BUFFER_BYTES": str(store.buffer_bytes),
         }
         event_logger = self.serverapp.event_logger
