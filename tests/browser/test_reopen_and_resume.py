@@ -7,6 +7,8 @@ import psutil
 from browser_helpers import (
     KERNEL_IDLE,
     STATUS,
+    SUSPENDED,
+    ckpt_state,
     confirm,
     entries,
     image_row,
@@ -15,19 +17,12 @@ from browser_helpers import (
     run_cell,
     saved_image_id,
     screenshot,
+    suspend_idle,
     toast,
     wait_until,
 )
-from browser_lab import IDLE_TIMEOUT, Lab
+from browser_lab import Lab
 from playwright.sync_api import Page, expect
-
-SUSPENDED = "Suspended · run a cell to resume"
-SUSPEND_WAIT = IDLE_TIMEOUT + 60
-
-
-def ckpt_state(lab: Lab, kernel_id: str) -> str | None:
-    kernels = {k["id"]: k for k in lab.api("GET", "api/kernels")}
-    return kernels[kernel_id]["ckpt"]["state"] if kernel_id in kernels else None
 
 
 def connections(lab: Lab, kernel_id: str) -> int:
@@ -40,14 +35,6 @@ def has_process(kernel_id: str) -> bool:
         if any(f"kernel-{kernel_id}.json" in part for part in process.info["cmdline"] or ()):
             return True
     return False
-
-
-def wait_suspended(lab: Lab, *kernel_ids: str) -> None:
-    wait_until(
-        lambda: all(ckpt_state(lab, k) == "suspended" for k in kernel_ids),
-        SUSPEND_WAIT,
-        f"kernels {kernel_ids} to be suspended",
-    )
 
 
 def open_console(page: Page) -> None:
@@ -77,7 +64,7 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     console = next(
         s["kernel"]["id"] for s in lab.api("GET", "api/sessions") if s["type"] == "console"
     )
-    wait_suspended(lab, *kernels)
+    suspend_idle(lab, *kernels)
 
     # JupyterLab reconnects to all three and asks for kernel info, comm info and history
     page.reload()
@@ -107,7 +94,7 @@ def test_resume_of_a_closed_notebook_replaces_its_suspended_kernel(page: Page, l
     image_id = saved_image_id(run_cell(page, "%ckpt save seven"))
     run_cell(page, "y = 8")
     old_kernel = lab.kernel_of(notebook)
-    wait_suspended(lab, old_kernel)
+    suspend_idle(lab, old_kernel)
     page.locator(".jp-mod-current .lm-TabBar-tabCloseIcon").click()
     confirm(page, "Discard")
     expect(page.locator(".jp-NotebookPanel")).to_have_count(0)
@@ -143,7 +130,7 @@ def test_suspending_an_unchanged_kernel_adds_no_entry(page: Page, lab: Lab) -> N
     open_notebook(page, lab, notebook)
     kernel_id = lab.kernel_of(notebook)
     run_cell(page, "zeta = 1")
-    wait_suspended(lab, kernel_id)
+    suspend_idle(lab, kernel_id)
 
     def images() -> list[str]:
         return [i["id"] for i in lab.api("GET", "api/ckpt/images") if i["kernel_id"] == kernel_id]
@@ -156,7 +143,7 @@ def test_suspending_an_unchanged_kernel_adds_no_entry(page: Page, lab: Lab) -> N
     page.keyboard.type("zet")
     page.keyboard.press("Tab")
     wait_until(lambda: ckpt_state(lab, kernel_id) == "running", 60, "the restore")
-    wait_suspended(lab, kernel_id)
+    suspend_idle(lab, kernel_id)
     assert images() == before
     panel = open_panel(page)
     expect(panel.locator(".jp-CkptRow").filter(has_text="cycles.ipynb")).to_have_count(1)

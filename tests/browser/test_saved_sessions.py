@@ -93,7 +93,7 @@ def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: La
     notebook = lab.notebook("commands.ipynb", STEADY_KERNEL)
     open_notebook(page, lab, notebook)
     run_cell(page, "fh = open('scratch.txt', 'w'); y = 1")
-    expect(page.locator(STATUS)).to_have_text("suspends in 1 h")
+    expect(page.locator(STATUS)).to_have_text("suspends in 2 h")
 
     run_command(page, "Checkpoint kernel now")
     expect(toast(page, "Checkpoint saved")).to_contain_text("Not saved: fh")
