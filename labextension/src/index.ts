@@ -12,12 +12,13 @@ import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Event } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { pauseIcon } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 
 import { CkptActions } from './actions';
 import { CkptApi } from './api';
 import { ckptIcon } from './icon';
-import { eventNotice, KernelStatusModel } from './kernelstatus';
+import { commandBlocked, eventNotice, KernelStatusModel } from './kernelstatus';
 import { SavedSessionsPanel } from './panel';
 import { SavedSessionsModel } from './sessions';
 import { KernelStatusItem } from './statusitem';
@@ -82,29 +83,42 @@ function activate(
 
   const currentKernel = (): string | null =>
     tracker.currentWidget?.sessionContext.session?.kernel?.id ?? null;
-  const canWrite = (): boolean => {
-    const id = currentKernel();
-    return id !== null && !kernels.isSuspended(id);
-  };
+  const whyNot = (): string | null =>
+    commandBlocked(
+      currentKernel(),
+      id => kernels.isSuspended(id),
+      kernels.available
+    );
   const withKernel = (run: (id: string) => Promise<void>) => () => {
     const id = currentKernel();
     return id ? run(id) : undefined;
   };
+  // the commands stay in menus and the palette when they cannot run, saying why
+  const caption = (what: string) => () => {
+    const blocked = whyNot();
+    return blocked ? `${what} Not available now: ${blocked}` : what;
+  };
   app.commands.addCommand(CommandIDs.checkpoint, {
-    label: 'Checkpoint kernel now',
-    caption: 'Save the kernel state to an image and keep the kernel running',
-    isEnabled: canWrite,
+    label: args => (args.toolbar ? '' : 'Save Kernel State Now'),
+    caption: caption(
+      "Save the kernel's variables to an image; the kernel keeps running."
+    ),
+    icon: args => (args.toolbar ? ckptIcon : undefined),
+    isEnabled: () => whyNot() === null,
     execute: withKernel(id => actions.checkpoint(id))
   });
   app.commands.addCommand(CommandIDs.suspend, {
-    label: 'Suspend kernel now',
-    caption:
-      'Save the kernel state to an image and shut the kernel down to free its GPU',
-    isEnabled: canWrite,
+    label: args => (args.toolbar ? '' : 'Suspend Kernel Now'),
+    caption: caption(
+      "Save the kernel's variables to an image and shut the kernel down to free its GPU; running a cell restores it."
+    ),
+    icon: args => (args.toolbar ? pauseIcon : undefined),
+    isEnabled: () => whyNot() === null,
     execute: withKernel(id => actions.suspend(id))
   });
   app.commands.addCommand(CommandIDs.showPanel, {
-    label: 'Show saved sessions',
+    label: 'Show Saved Sessions',
+    caption: 'Suspended kernels and saved kernel images',
     icon: args => (args.isPalette ? undefined : ckptIcon),
     execute: () => app.shell.activateById(panel.id)
   });
@@ -117,6 +131,7 @@ function activate(
     50
   );
   kernels.changed.connect(() => app.commands.notifyCommandChanged());
+  tracker.currentChanged.connect(() => app.commands.notifyCommandChanged());
 
   if (statusBar) {
     const item = new KernelStatusItem(kernels, () =>

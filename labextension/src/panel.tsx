@@ -1,11 +1,15 @@
 /** The Saved sessions sidebar: suspended kernels and saved images, with their actions. */
 
-import { ReactWidget } from '@jupyterlab/ui-components';
+import {
+  ReactWidget,
+  refreshIcon,
+  ToolbarButtonComponent
+} from '@jupyterlab/ui-components';
 import * as React from 'react';
 
 import { exactTime, formatBytes, relativeTime } from './format';
 import { ckptIcon } from './icon';
-import { KernelStatusModel } from './kernelstatus';
+import { KernelStatusModel, recoveredTitle } from './kernelstatus';
 import {
   deleteBlocked,
   imageLabel,
@@ -63,14 +67,17 @@ export class SavedSessionsPanel extends ReactWidget {
       <>
         <div className="jp-CkptPanel-header">
           <h2 className="jp-CkptPanel-heading">Saved sessions</h2>
-          <button
-            className="jp-CkptButton"
-            onClick={() => void model.refresh()}
-            aria-label="Refresh saved sessions"
-            title="Refresh saved sessions"
+          <div
+            className="jp-Toolbar jp-CkptPanel-toolbar"
+            role="toolbar"
+            aria-label="Saved sessions"
           >
-            Refresh
-          </button>
+            <ToolbarButtonComponent
+              icon={refreshIcon}
+              onClick={() => void model.refresh()}
+              tooltip="Refresh saved sessions"
+            />
+          </div>
         </div>
         <input
           className="jp-CkptPanel-search jp-mod-styled"
@@ -129,7 +136,7 @@ export class SavedSessionsPanel extends ReactWidget {
           <p>No saved sessions yet.</p>
           <p>
             Idle kernels are saved here automatically. To save one now, use
-            Kernel › Checkpoint kernel now, or run <code>%ckpt save</code> in a
+            Kernel › Save Kernel State Now, or run <code>%ckpt save</code> in a
             notebook after <code>%load_ext jupyter_ckpt</code>.
           </p>
         </div>
@@ -200,6 +207,9 @@ export class SavedSessionsPanel extends ReactWidget {
     if (gpu) {
       facts.push(<span key="gpu">{gpu}</span>);
     }
+    const recovered = row.suspendedKernel
+      ? recoveredTitle(this._kernels.kernel(row.suspendedKernel))
+      : null;
     const compat = image.compatibility;
     const reasonsId = `jp-CkptRow-reasons-${image.id}`;
     const label = row.title;
@@ -222,6 +232,11 @@ export class SavedSessionsPanel extends ReactWidget {
               title={`Kernel ${row.suspendedKernel} is suspended to this image`}
             >
               Suspended kernel
+            </span>
+          )}
+          {recovered && (
+            <span className="jp-CkptBadge jp-mod-recovered" title={recovered}>
+              recovered after a crash
             </span>
           )}
         </div>

@@ -14,6 +14,8 @@ import {
 
 /** Seconds between status fetches while the kernel works in the background. */
 const BACKGROUND_POLL = 5;
+/** How long to wait before asking again when the server has not yet seen the kernel idle. */
+const RECHECK_MS = 1000;
 
 export class KernelStatusItem extends ReactWidget {
   constructor(
@@ -102,10 +104,29 @@ export class KernelStatusItem extends ReactWidget {
     void this._model.refresh().catch(() => undefined);
   }
 
-  /** Idle again after work: the idle clock restarted on the server. */
-  private _onStatus(_: Kernel.IKernelConnection, status: Kernel.Status): void {
+  /** Idle again after work: the idle clock restarted on the server, and what kept the
+   * kernel from being suspended may be gone (a variable deleted): ask about it now. */
+  private _onStatus(
+    kernel: Kernel.IKernelConnection,
+    status: Kernel.Status
+  ): void {
     if (status === 'idle') {
-      void this._model.refresh().catch(() => undefined);
+      void this._recheck(kernel.id);
+    }
+  }
+
+  private async _recheck(id: string): Promise<void> {
+    await this._model.refresh(id).catch(() => undefined);
+    // the server reads the kernel's status on a socket of its own, which may lag ours
+    if (
+      this._model.kernel(id)?.execution_state === 'busy' &&
+      this._kernel?.id === id &&
+      this._kernel.status === 'idle'
+    ) {
+      window.setTimeout(
+        () => void this._model.refresh(id).catch(() => undefined),
+        RECHECK_MS
+      );
     }
   }
 

@@ -31,6 +31,13 @@ def test_idle_kernel_is_suspended_and_its_image_kept(page: Page, lab: Lab) -> No
     # the kernel keeps its id: the notebook's session still points at it
     assert lab.kernel_of(notebook) == kernel_id
     screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-suspended")
+    # the notebook's toolbar keeps its kernel-state buttons, disabled, saying why
+    toolbar = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-NotebookPanel-toolbar")
+    suspend = toolbar.locator("[data-jp-item-name='ckpt-suspend'] button")
+    expect(suspend).to_be_disabled()
+    expect(suspend).to_have_attribute(
+        "aria-label", re.compile(r"Not available now: the kernel is suspended")
+    )
 
     panel = open_panel(page)
     row = panel.locator(".jp-CkptRow").filter(has_text="idle.ipynb")
