@@ -9,7 +9,8 @@ import * as React from 'react';
 
 import { exactTime, formatBytes, relativeTime } from './format';
 import { ckptIcon } from './icon';
-import { KernelStatusModel, recoveredTitle } from './kernelstatus';
+import { RecoveredBadge } from './badges';
+import { KernelStatusModel } from './kernelstatus';
 import {
   deleteBlocked,
   imageLabel,
@@ -207,9 +208,6 @@ export class SavedSessionsPanel extends ReactWidget {
     if (gpu) {
       facts.push(<span key="gpu">{gpu}</span>);
     }
-    const recovered = row.suspendedKernel
-      ? recoveredTitle(this._kernels.kernel(row.suspendedKernel))
-      : null;
     const compat = image.compatibility;
     const reasonsId = `jp-CkptRow-reasons-${image.id}`;
     const label = row.title;
@@ -234,10 +232,10 @@ export class SavedSessionsPanel extends ReactWidget {
               Suspended kernel
             </span>
           )}
-          {recovered && (
-            <span className="jp-CkptBadge jp-mod-recovered" title={recovered}>
-              recovered after a crash
-            </span>
+          {row.suspendedKernel && (
+            <RecoveredBadge
+              status={this._kernels.kernel(row.suspendedKernel)}
+            />
           )}
         </div>
         {image.name && image.name !== label && (
