@@ -9,7 +9,7 @@ import * as React from 'react';
 
 import { exactTime, formatBytes, relativeTime } from './format';
 import { ckptIcon } from './icon';
-import { RecoveredBadge } from './badges';
+import { Compatibility, gpuNeed, RecoveredBadge } from './badges';
 import { KernelStatusModel } from './kernelstatus';
 import {
   deleteBlocked,
@@ -19,19 +19,12 @@ import {
   rowActions,
   SavedSessionsModel
 } from './sessions';
-import { Verdict } from './types';
 
 export interface IRowActions {
   resume(row: ISessionRow): Promise<void>;
   remove(row: ISessionRow): Promise<void>;
   details(row: ISessionRow): Promise<void>;
 }
-
-const VERDICT_LABEL: Record<Verdict, string> = {
-  compatible: 'Compatible',
-  warnings: 'Compatible with warnings',
-  incompatible: 'Incompatible'
-};
 
 export class SavedSessionsPanel extends ReactWidget {
   constructor(
@@ -208,8 +201,6 @@ export class SavedSessionsPanel extends ReactWidget {
     if (gpu) {
       facts.push(<span key="gpu">{gpu}</span>);
     }
-    const compat = image.compatibility;
-    const reasonsId = `jp-CkptRow-reasons-${image.id}`;
     const label = row.title;
     return (
       <li
@@ -242,24 +233,7 @@ export class SavedSessionsPanel extends ReactWidget {
           <div className="jp-CkptRow-name">{image.name}</div>
         )}
         <div className="jp-CkptRow-facts">{facts}</div>
-        {compat && (
-          <div className="jp-CkptRow-compat">
-            <span
-              className={`jp-CkptBadge jp-mod-${compat.verdict}`}
-              title={compat.reasons.join('\n') || 'Restorable on this node'}
-              aria-describedby={compat.reasons.length ? reasonsId : undefined}
-            >
-              {VERDICT_LABEL[compat.verdict]}
-            </span>
-            {compat.reasons.length > 0 && (
-              <ul className="jp-CkptRow-reasons" id={reasonsId}>
-                {compat.reasons.map(reason => (
-                  <li key={reason}>{reason}</li>
-                ))}
-              </ul>
-            )}
-          </div>
-        )}
+        <Compatibility compat={image.compatibility} id={image.id} />
         {image.lost && image.lost.length > 0 && (
           <p className="jp-CkptRow-problem">
             Not saved: {image.lost.join(', ')}
@@ -342,8 +316,8 @@ export class SavedSessionsPanel extends ReactWidget {
     );
   }
 
-  /** The GPU the session held: the image's own record, else what its suspended kernel
-   * freed, else the devices its tensors were on. */
+  /** The GPU the image needs: the model it was saved from, else the devices its tensors
+   * were on; the memory its own record gives, else what its suspended kernel freed. */
   private _gpuText(row: ISessionRow): string | null {
     const { gpu, devices } = row.image;
     const memory =
@@ -352,11 +326,6 @@ export class SavedSessionsPanel extends ReactWidget {
         ? this._kernels.kernel(row.suspendedKernel)?.gpu_bytes
         : undefined);
     const where = gpu?.model ?? devices?.filter(d => d !== 'cpu').join(', ');
-    if (!memory && !where) {
-      return null;
-    }
-    return ['GPU', where, memory ? formatBytes(memory) : null]
-      .filter(Boolean)
-      .join(' ');
+    return gpuNeed(where || undefined, memory);
   }
 }
