@@ -5,7 +5,7 @@ import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 
 import { showDetails } from './details';
-import { formatBytes } from './format';
+import { formatBytes, shortId } from './format';
 import { confirmSuspend, KernelStatusModel } from './kernelstatus';
 import { IRowActions } from './panel';
 import { imageLabel, ISessionRow, SavedSessionsModel } from './sessions';
@@ -156,7 +156,7 @@ export class CkptActions implements IRowActions {
 
   private _reportResume(row: ISessionRow, reply: IResumeReply): void {
     const missing = lostText(reply.restore.missing);
-    const message = `Resumed ${row.title} on kernel ${reply.kernel.id}.${missing}`;
+    const message = `Resumed ${row.title} on kernel ${shortId(reply.kernel.id)}.${missing}`;
     if (missing) {
       Notification.warning(message, { autoClose: false });
     } else {

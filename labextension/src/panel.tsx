@@ -7,7 +7,7 @@ import {
 } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { exactTime, formatBytes, relativeTime } from './format';
+import { exactTime, formatBytes, relativeTime, shortId } from './format';
 import { ckptIcon } from './icon';
 import { Compatibility, gpuNeed, RecoveredBadge } from './badges';
 import { KernelStatusModel } from './kernelstatus';
@@ -161,8 +161,8 @@ export class SavedSessionsPanel extends ReactWidget {
           data-image-id={image.id}
           aria-labelledby={titleId}
         >
-          <div className="jp-CkptRow-title" id={titleId}>
-            {image.id}
+          <div className="jp-CkptRow-title" id={titleId} title={image.id}>
+            {shortId(image.id)}
           </div>
           <p className="jp-CkptRow-problem">
             Cannot be verified, so it cannot be resumed or deleted here:{' '}

@@ -2,7 +2,7 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { baseName } from './format';
+import { baseName, shortId } from './format';
 import { ICkptApi, IImage } from './types';
 
 export interface ISessionRow {
@@ -43,7 +43,7 @@ export function deleteBlocked(image: IImage): string | null {
 
 /** "checkpoint-3 (3f9a2c51e0b4)": how a confirmation or notification names an image. */
 export function imageLabel(image: IImage): string {
-  const id = image.id.slice(0, 12);
+  const id = shortId(image.id);
   return image.name ? `${image.name} (${id})` : id;
 }
 

@@ -39,6 +39,9 @@ export interface IVariable {
   devices?: string[];
   reason?: string;
   module?: string;
+  /** Arrays and tensors: their shape ([] for a scalar) and dtype. */
+  shape?: number[];
+  dtype?: string;
 }
 
 /** `GET /api/ckpt/images/{id}`. */

@@ -31,6 +31,7 @@ def use_theme(page: Page, theme: str) -> None:
 def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab) -> None:
     open_notebook(page, lab, lab.notebook("details.ipynb", STEADY_KERNEL))
     run_cell(page, "%load_ext jupyter_ckpt")
+    run_cell(page, "import numpy as np; a = np.zeros((3, 4), 'float32')")
     run_cell(page, "x = 41; fh = open('scratch.txt', 'w')")
     image_id = saved_image_id(run_cell(page, "%ckpt save with-file"))
 
@@ -61,6 +62,7 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
         re.compile(r"not saved: \w+Error")
     )
     expect(dialog.locator("tr[data-variable='x']")).to_contain_text("saved")
+    expect(dialog.locator("tr[data-variable='a']")).to_contain_text("float32 3 × 4")
     screenshot(dialog.locator(".jp-Dialog-content"), "details")
     confirm(page, "Close")
 
