@@ -3,6 +3,7 @@
 import {
   ReactWidget,
   refreshIcon,
+  tagIcon,
   ToolbarButtonComponent
 } from '@jupyterlab/ui-components';
 import * as React from 'react';
@@ -12,8 +13,10 @@ import { ckptIcon } from './icon';
 import { Compatibility, gpuNeed, RecoveredBadge } from './badges';
 import { KernelStatusModel } from './kernelstatus';
 import {
+  changeSince,
   deleteBlocked,
   imageLabel,
+  isNamed,
   ISessionRow,
   RowAction,
   rowActions,
@@ -88,7 +91,7 @@ export class SavedSessionsPanel extends ReactWidget {
             aria-label="Saved sessions, newest first"
           >
             {model.entries.map(entry =>
-              this._renderRow(entry.latest, entry.older)
+              this._renderRow(entry.latest, entry.older, entry.older[0])
             )}
           </ul>
         )}
@@ -147,8 +150,13 @@ export class SavedSessionsPanel extends ReactWidget {
     return null;
   }
 
-  /** A row; with `older`, the head of a notebook's entry, its other images folded. */
-  private _renderRow(row: ISessionRow, older: ISessionRow[] = []): JSX.Element {
+  /** A row; with `older`, the head of a notebook's entry, its other images folded;
+   * `previous`, the entry's image before this one, to say what changed since. */
+  private _renderRow(
+    row: ISessionRow,
+    older: ISessionRow[] = [],
+    previous?: ISessionRow
+  ): JSX.Element {
     const { image } = row;
     const now = Date.now();
     const note = this.model.noteFor(image.id);
@@ -201,6 +209,13 @@ export class SavedSessionsPanel extends ReactWidget {
     if (gpu) {
       facts.push(<span key="gpu">{gpu}</span>);
     }
+    if (previous) {
+      facts.push(
+        <span key="change" className="jp-CkptRow-change">
+          {changeSince(image, previous.image)}
+        </span>
+      );
+    }
     const label = row.title;
     return (
       <li
@@ -229,8 +244,14 @@ export class SavedSessionsPanel extends ReactWidget {
             />
           )}
         </div>
-        {image.name && image.name !== label && (
-          <div className="jp-CkptRow-name">{image.name}</div>
+        {isNamed(row) && (
+          <div
+            className="jp-CkptRow-name"
+            title={`Saved under the name ${image.name}`}
+          >
+            <tagIcon.react tag="span" className="jp-CkptRow-nameIcon" />
+            {image.name}
+          </div>
         )}
         <div className="jp-CkptRow-facts">{facts}</div>
         <Compatibility compat={image.compatibility} id={image.id} />
@@ -251,7 +272,9 @@ export class SavedSessionsPanel extends ReactWidget {
               {older.length} older image{older.length === 1 ? '' : 's'}
             </summary>
             <ul className="jp-CkptPanel-list">
-              {older.map(other => this._renderRow(other))}
+              {older.map((other, i) =>
+                this._renderRow(other, [], older[i + 1])
+              )}
             </ul>
           </details>
         )}

@@ -105,6 +105,9 @@ def test_resume_of_a_closed_notebook_replaces_its_suspended_kernel(page: Page, l
     expect(entry).to_have_count(1)  # one entry per notebook: "seven" is folded in it
     expect(entry.locator(".jp-CkptBadge.jp-mod-suspended")).to_have_count(1)
     row = image_row(panel, image_id)
+    # the image saved by name is marked so; each image says what changed before it
+    expect(row.locator(".jp-CkptRow-name")).to_have_text("seven")
+    expect(entry.locator(".jp-CkptRow-change").first).to_contain_text("the one before")
     screenshot(panel, "panel-entry-unfolded")
     row.get_by_role("button", name="Resume replace.ipynb").click()
     expect(toast(page, "Resumed replace.ipynb")).to_be_visible()

@@ -62,7 +62,7 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
         re.compile(r"not saved: \w+Error")
     )
     expect(dialog.locator("tr[data-variable='x']")).to_contain_text("saved")
-    expect(dialog.locator("tr[data-variable='a']")).to_contain_text("float32 3 × 4")
+    expect(dialog.locator("tr[data-variable='a']")).to_contain_text("float32 3 \u00d7 4")
     screenshot(dialog.locator(".jp-Dialog-content"), "details")
     confirm(page, "Close")
 
