@@ -104,25 +104,20 @@ export class KernelStatusItem extends ReactWidget {
     void this._model.refresh().catch(() => undefined);
   }
 
-  /** Idle again after work: the idle clock restarted on the server, and what kept the
-   * kernel from being suspended may be gone (a variable deleted): ask about it now. */
-  private _onStatus(
-    kernel: Kernel.IKernelConnection,
-    status: Kernel.Status
-  ): void {
+  /** Idle again after work: the idle clock restarted on the server. */
+  private _onStatus(_: Kernel.IKernelConnection, status: Kernel.Status): void {
     if (status === 'idle') {
-      void this._recheck(kernel.id);
+      void this._model.refresh().catch(() => undefined);
     }
   }
 
+  /** A cell this client ran is done, and what kept the kernel from being suspended may
+   * be gone with it (a variable deleted): ask the server about this kernel now. Not on
+   * every idle status: the server's own checks of the kernel make it busy and idle too. */
   private async _recheck(id: string): Promise<void> {
     await this._model.refresh(id).catch(() => undefined);
     // the server reads the kernel's status on a socket of its own, which may lag ours
-    if (
-      this._model.kernel(id)?.execution_state === 'busy' &&
-      this._kernel?.id === id &&
-      this._kernel.status === 'idle'
-    ) {
+    if (this._model.kernel(id)?.execution_state === 'busy') {
       window.setTimeout(
         () => void this._model.refresh(id).catch(() => undefined),
         RECHECK_MS
@@ -135,11 +130,15 @@ export class KernelStatusItem extends ReactWidget {
     kernel: Kernel.IKernelConnection,
     args: Kernel.IAnyMessageArgs
   ): void {
-    if (
-      args.direction === 'send' &&
-      wakesKernel(args.msg.channel, args.msg.header.msg_type)
-    ) {
+    const { channel, header } = args.msg;
+    if (args.direction === 'send' && wakesKernel(channel, header.msg_type)) {
       this._model.markRestoring(kernel.id, Date.now());
+    } else if (
+      args.direction === 'recv' &&
+      channel === 'shell' &&
+      header.msg_type === 'execute_reply'
+    ) {
+      void this._recheck(kernel.id);
     }
   }
 

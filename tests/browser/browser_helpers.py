@@ -108,7 +108,7 @@ def ckpt_state(lab: Lab, kernel_id: str) -> str | None:
 
 def suspend_idle(lab: Lab, *kernel_ids: str) -> None:
     """Let the kernels' idle timeout pass and wait until the idle monitor (checking every
-    second) has suspended them. The clock moves on again at each poll while a kernel still
+    few seconds) has suspended them. The clock moves on again at each poll while a kernel still
     runs: a message it got after the first move restarted its clock."""
 
     def suspended() -> bool:

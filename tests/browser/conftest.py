@@ -128,7 +128,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root}",
         f"--SuspendPolicy.idle_timeout={IDLE_TIMEOUT}",
-        "--SuspendPolicy.check_interval=1",
+        "--SuspendPolicy.check_interval=3",  # its kernel check gets 3 s on a loaded machine
+        "--SuspendPolicy.activity_timeout=3",
         "--SuspendPolicy.gpu_only=False",
         "--SuspendPolicy.suspend_on_shutdown=False",
     ]  # fmt: skip

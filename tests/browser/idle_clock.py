@@ -25,8 +25,13 @@ class IdleClockHandler(APIHandler):
         if not km.is_running(kernel_id):  # suspended meanwhile: it has no clock to move
             self.finish({"running": False})
             return
+        # both halves of the idle monitor's clock: the last message, and the last moment it
+        # saw background work (a slow answer to its check, on a loaded machine, is some)
         kernel = km.get_kernel(kernel_id)
         kernel.last_activity -= timedelta(seconds=seconds)
+        work_seen = self.settings["jupyter_ckpt_monitor"]._work_seen
+        if kernel_id in work_seen:
+            work_seen[kernel_id] -= timedelta(seconds=seconds)
         self.finish({"running": True})
 
 

@@ -52,7 +52,7 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     run_cell(page, "b = 2")
     page.goto(f"{lab.url}/lab/workspaces/{second.replace('.', '-')}/tree/{first}")
     current_tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current")
-    expect(current_tab).to_contain_text(first)
+    expect(current_tab).to_contain_text(first, timeout=60_000)
     expect(page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)).to_be_visible(
         timeout=90_000
     )

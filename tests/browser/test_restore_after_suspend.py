@@ -28,5 +28,9 @@ def test_running_a_cell_restores_the_suspended_kernel_under_its_id(page: Page, l
     expect(kernel_state).to_be_visible(timeout=20_000)
     expect(run_cell(page, "x + 1")).to_contain_text("42")
     assert lab.kernel_of(notebook) == kernel_id
+    # the execution count goes on from the kernel's: no second [1] in the notebook
+    prompts = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt")
+    expect(prompts.nth(0)).to_have_text("[1]:")
+    expect(prompts.nth(1)).to_have_text("[2]:")
     expect(status).to_contain_text("suspends in")
     screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-restored")
