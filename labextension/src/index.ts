@@ -5,7 +5,11 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, Notification } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  ISessionContext,
+  Notification
+} from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 import { IMainMenu } from '@jupyterlab/mainmenu';
@@ -137,13 +141,10 @@ function activate(
     const item = new KernelStatusItem(kernels, () =>
       app.shell.activateById(panel.id)
     );
-    // the item follows the notebook in front; other documents hide it
+    // the item follows the notebook or console in front; other documents hide it
     const follow = () => {
       const current = labShell ? labShell.currentWidget : tracker.currentWidget;
-      item.session =
-        current && current === tracker.currentWidget
-          ? tracker.currentWidget.sessionContext
-          : null;
+      item.session = sessionContextOf(current);
     };
     tracker.currentChanged.connect(follow);
     labShell?.currentChanged.connect(follow);
@@ -156,6 +157,15 @@ function activate(
       activeStateChanged: item.activeStateChanged
     });
   }
+}
+
+/** The kernel session of a notebook or console panel (both have one); null for any
+ * other widget. A console is found by its shape, as the console package is not needed
+ * for anything else. */
+function sessionContextOf(widget: unknown): ISessionContext | null {
+  const context = (widget as { sessionContext?: ISessionContext } | null)
+    ?.sessionContext;
+  return context && 'kernelChanged' in context ? context : null;
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {

@@ -23,6 +23,9 @@ IDLE_TIMEOUT = 600  # never reached by waiting: tests move the idle clock (Lab.i
 STEADY_KERNEL = "steady"
 # "suspends in 2 h" for the first 30 minutes, however slow the page is to show it
 STEADY_TIMEOUT = 7200
+# ms for a step that starts a kernel and restores an image into it: seconds when the
+# machine is idle, far more on a loaded one
+RESTORE_WAIT = 90_000
 
 
 @dataclass

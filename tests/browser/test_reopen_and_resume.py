@@ -21,7 +21,7 @@ from browser_helpers import (
     toast,
     wait_until,
 )
-from browser_lab import Lab
+from browser_lab import RESTORE_WAIT, Lab
 from playwright.sync_api import Page, expect
 
 
@@ -69,8 +69,12 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     # JupyterLab reconnects to all three and asks for kernel info, comm info and history
     page.reload()
     wait_until(lambda: all(connections(lab, k) > 0 for k in kernels), 90, "reconnects")
-    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(has_text=first).click()
+    tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab")
     status = page.locator(STATUS)
+    # a console's kernel has its status item too
+    tabs.filter(has_text="Console").click()
+    expect(status).to_have_text(SUSPENDED, timeout=30_000)
+    tabs.filter(has_text=first).click()
     # the status follows the server: suspended, not "Restoring…" (defect 3)
     expect(status).to_have_text(SUSPENDED, timeout=30_000)
     assert all(ckpt_state(lab, k) == "suspended" for k in kernels)
@@ -110,7 +114,7 @@ def test_resume_of_a_closed_notebook_replaces_its_suspended_kernel(page: Page, l
     expect(entry.locator(".jp-CkptRow-change").first).to_contain_text("the one before")
     screenshot(panel, "panel-entry-unfolded")
     row.get_by_role("button", name="Resume replace.ipynb").click()
-    expect(toast(page, "Resumed replace.ipynb")).to_be_visible()
+    expect(toast(page, "Resumed replace.ipynb")).to_be_visible(timeout=RESTORE_WAIT)
     expect(run_cell(page, "y")).to_contain_text("7")
 
     sessions = [s for s in lab.api("GET", "api/sessions") if s["path"] == notebook]

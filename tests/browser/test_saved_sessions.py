@@ -16,7 +16,7 @@ from browser_helpers import (
     screenshot,
     toast,
 )
-from browser_lab import STEADY_KERNEL, Lab
+from browser_lab import RESTORE_WAIT, STEADY_KERNEL, Lab
 from playwright.sync_api import Page, expect
 
 
@@ -148,7 +148,7 @@ def test_resume_an_image_into_its_notebook(page: Page, lab: Lab) -> None:
 
     row = image_row(open_panel(page), image_id)
     row.get_by_role("button", name="Resume resume.ipynb").click()
-    expect(toast(page, "Resumed resume.ipynb")).to_be_visible()
+    expect(toast(page, "Resumed resume.ipynb")).to_be_visible(timeout=RESTORE_WAIT)
     expect(run_cell(page, "y * 6")).to_contain_text("42")
     assert lab.kernel_of(notebook) != old_kernel
 
@@ -167,8 +167,12 @@ def test_resume_without_its_notebook_opens_a_console(page: Page, lab: Lab) -> No
     row = image_row(open_panel(page), image_id)
     row.get_by_role("button", name="Resume gone.ipynb").click()
     console = page.locator(".jp-CodeConsole")
-    expect(console).to_be_visible()
-    console.locator(".jp-CodeConsole-promptCell .cm-content").click()
+    expect(console).to_be_visible(timeout=RESTORE_WAIT)
+    prompt = console.locator(".jp-CodeConsole-promptCell")
+    prompt.locator(".cm-content").click()
+    expect(prompt.locator(".cm-editor")).to_have_class(re.compile(r"\bcm-focused\b"))
     page.keyboard.type("z * 2")
     page.keyboard.press("Shift+Enter")
-    expect(console.locator(".jp-CodeConsole-content .jp-OutputArea-output")).to_have_text("10")
+    expect(console.locator(".jp-CodeConsole-content .jp-OutputArea-output")).to_have_text(
+        "10", timeout=RESTORE_WAIT
+    )
