@@ -182,31 +182,16 @@ export class KernelStatusModel {
   }
 
   /** Fetch the status of every kernel, or of `kernelId` alone (its background work and
-   * a failed suspend's variables checked now). A call while a request for the same
-   * kernels is under way gets the answer of one more request after it: the one under way
-   * may have been asked before what the caller knows (a suspend that just failed), and
-   * every caller meanwhile shares that next one. Rejects when it fails. */
+   * a failed suspend's variables checked now); concurrent calls for the same kernels
+   * share one request. Rejects when it fails. */
   refresh(kernelId?: string): Promise<void> {
     const key = kernelId ?? '';
-    const running = this._pending.get(key);
-    if (!running) {
-      const pending = this._load(kernelId).finally(() =>
-        this._pending.delete(key)
-      );
+    let pending = this._pending.get(key);
+    if (!pending) {
+      pending = this._load(kernelId).finally(() => this._pending.delete(key));
       this._pending.set(key, pending);
-      return pending;
     }
-    let next = this._next.get(key);
-    if (!next) {
-      next = running
-        .catch(() => undefined)
-        .then(() => {
-          this._next.delete(key);
-          return this.refresh(kernelId);
-        });
-      this._next.set(key, next);
-    }
-    return next;
+    return pending;
   }
 
   private async _load(kernelId?: string): Promise<void> {
@@ -253,7 +238,6 @@ export class KernelStatusModel {
   private _fetchedAt = new Map<string, number>();
   private _available = false;
   private _pending = new Map<string, Promise<void>>();
-  private _next = new Map<string, Promise<void>>();
 }
 
 /**

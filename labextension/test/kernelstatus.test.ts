@@ -211,25 +211,6 @@ describe('KernelStatusModel', () => {
     expect(m.describe('unknown', Date.now())).toBeNull();
   });
 
-  it('asks again after a request that was under way when it was called', async () => {
-    // the first answer was asked for during a suspend; the caller knows it has failed
-    const answers: IKernelStatus['state'][] = ['suspending', 'running'];
-    let calls = 0;
-    const m = new KernelStatusModel({
-      status: async () => ({
-        kernels: [{ kernel_id: 'k1', state: answers[calls++] }]
-      })
-    });
-    const during = m.refresh();
-    const after = m.refresh();
-    const alsoAfter = m.refresh();
-    await during;
-    expect(m.kernel('k1')?.state).toBe('suspending');
-    await Promise.all([after, alsoAfter]);
-    expect(m.kernel('k1')?.state).toBe('running');
-    expect(calls).toBe(2);
-  });
-
   it('asks about one kernel and keeps what it knows of the others', async () => {
     const asked: (string | undefined)[] = [];
     const m = new KernelStatusModel({
