@@ -22,7 +22,12 @@ import { Poll } from '@lumino/polling';
 import { CkptActions } from './actions';
 import { CkptApi } from './api';
 import { ckptIcon } from './icon';
-import { commandBlocked, eventNotice, KernelStatusModel } from './kernelstatus';
+import {
+  commandBlocked,
+  eventNotice,
+  IBlocked,
+  KernelStatusModel
+} from './kernelstatus';
 import { SavedSessionsPanel } from './panel';
 import { SavedSessionsModel } from './sessions';
 import { KernelStatusItem } from './statusitem';
@@ -87,7 +92,7 @@ function activate(
 
   const currentKernel = (): string | null =>
     tracker.currentWidget?.sessionContext.session?.kernel?.id ?? null;
-  const whyNot = (): string | null =>
+  const whyNot = (): IBlocked | null =>
     commandBlocked(
       currentKernel(),
       id => kernels.isSuspended(id),
@@ -97,13 +102,21 @@ function activate(
     const id = currentKernel();
     return id ? run(id) : undefined;
   };
-  // the commands stay in menus and the palette when they cannot run, saying why
+  // the commands stay in menus, the palette and the toolbar when they cannot run,
+  // saying why: in a few words in the label, in full in the caption (tooltip)
   const caption = (what: string) => () => {
     const blocked = whyNot();
-    return blocked ? `${what} Not available now: ${blocked}` : what;
+    return blocked ? `${what} Not available now: ${blocked.long}` : what;
+  };
+  const label = (name: string) => (args: { [key: string]: unknown }) => {
+    if (args.toolbar) {
+      return '';
+    }
+    const blocked = whyNot();
+    return blocked ? `${name} (${blocked.short})` : name;
   };
   app.commands.addCommand(CommandIDs.checkpoint, {
-    label: args => (args.toolbar ? '' : 'Save Kernel State Now'),
+    label: label('Save Kernel State Now'),
     caption: caption(
       "Save the kernel's variables to an image; the kernel keeps running."
     ),
@@ -112,7 +125,7 @@ function activate(
     execute: withKernel(id => actions.checkpoint(id))
   });
   app.commands.addCommand(CommandIDs.suspend, {
-    label: args => (args.toolbar ? '' : 'Suspend Kernel Now'),
+    label: label('Suspend Kernel Now'),
     caption: caption(
       "Save the kernel's variables to an image and shut the kernel down to free its GPU; running a cell restores it."
     ),

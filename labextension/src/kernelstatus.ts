@@ -291,6 +291,12 @@ export function endsWithoutMessage(status: IKernelStatus | undefined): boolean {
   return (status?.background_work ?? []).length > 0;
 }
 
+/** Why a command cannot run: a few words for its label, a sentence for its caption. */
+export interface IBlocked {
+  short: string;
+  long: string;
+}
+
 /**
  * Why "Save Kernel State Now" and "Suspend Kernel Now" cannot run for the current
  * notebook's kernel (`kernelId`, null when there is none), or null when they can.
@@ -299,15 +305,24 @@ export function commandBlocked(
   kernelId: string | null,
   isSuspended: (id: string) => boolean,
   serverAvailable: boolean
-): string | null {
+): IBlocked | null {
   if (kernelId === null) {
-    return 'open a notebook that has a running kernel.';
+    return {
+      short: 'no notebook kernel',
+      long: 'open a notebook that has a running kernel.'
+    };
   }
   if (isSuspended(kernelId)) {
-    return 'the kernel is suspended and its state saved; run a cell to resume it.';
+    return {
+      short: 'kernel suspended',
+      long: 'the kernel is suspended and its state saved; run a cell to resume it.'
+    };
   }
   if (!serverAvailable) {
-    return 'the jupyter_ckpt server extension does not answer.';
+    return {
+      short: 'server extension not answering',
+      long: 'the jupyter_ckpt server extension does not answer.'
+    };
   }
   return null;
 }

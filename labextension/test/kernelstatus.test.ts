@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
 import {
+  commandBlocked,
   confirmSuspend,
   describeKernel,
   endsWithoutMessage,
@@ -366,5 +367,22 @@ describe('recoveredTitle', () => {
     ).toContain('The server stopped without suspending it.');
     expect(recoveredTitle(running())).toBeNull();
     expect(recoveredTitle(undefined)).toBeNull();
+  });
+});
+
+describe('commandBlocked', () => {
+  it('says why the save and suspend commands cannot run, or nothing', () => {
+    const suspended = (id: string) => id === 'k2';
+    expect(commandBlocked(null, suspended, true)?.short).toBe(
+      'no notebook kernel'
+    );
+    expect(commandBlocked('k2', suspended, true)).toEqual({
+      short: 'kernel suspended',
+      long: 'the kernel is suspended and its state saved; run a cell to resume it.'
+    });
+    expect(commandBlocked('k1', suspended, false)?.short).toBe(
+      'server extension not answering'
+    );
+    expect(commandBlocked('k1', suspended, true)).toBeNull();
   });
 });

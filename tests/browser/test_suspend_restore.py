@@ -38,6 +38,12 @@ def test_idle_kernel_is_suspended_and_its_image_kept(page: Page, lab: Lab) -> No
     expect(suspend).to_have_attribute(
         "aria-label", re.compile(r"Not available now: the kernel is suspended")
     )
+    # and so does the Kernel menu, in a few words
+    page.locator(".lm-MenuBar-itemLabel:text-is('Kernel')").click()
+    item = page.locator(".lm-Menu-item[data-command='jupyter-ckpt:suspend']")
+    expect(item).to_have_attribute("aria-disabled", "true")
+    expect(item).to_contain_text("Suspend Kernel Now (kernel suspended)")
+    page.keyboard.press("Escape")
 
     panel = open_panel(page)
     row = panel.locator(".jp-CkptRow").filter(has_text="idle.ipynb")
