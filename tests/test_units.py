@@ -124,6 +124,24 @@ def test_sharing_survives_one_stream(store: ImageStore) -> None:
     assert restored["opt"].param_groups[0]["params"][0] is restored["model"].weight
 
 
+def test_arrays_and_tensors_are_listed_with_shape_and_dtype(store: ImageStore) -> None:
+    """The Details view shows what an array is without loading it."""
+    namespace = {
+        "a": np.zeros((3, 4), dtype=np.float32),
+        "t": torch.ones(2, 5, dtype=torch.int64),
+        "s": np.float64(1.5),
+        "n": 7,
+    }
+    manifest = image.capture(dict(namespace), namespace, store.writer(), name="arrays")
+    facts = {v["name"]: (v.get("shape"), v.get("dtype")) for v in manifest["variables"]}
+    assert facts == {
+        "a": ([3, 4], "float32"),
+        "t": ([2, 5], "torch.int64"),
+        "s": ([], "float64"),
+        "n": (None, None),
+    }
+
+
 def test_a_variable_that_fails_to_pickle_is_cut_out(store: ImageStore) -> None:
     """It fails halfway, after other objects and a buffer of it were written: those must
     not stay in the stream, and later variables that share them must still get them."""

@@ -37,6 +37,18 @@ def type_name(value: Any) -> str:
     )
 
 
+def array_facts(value: Any) -> dict[str, Any]:
+    """Shape and dtype of an array or tensor (anything with a tuple ``shape`` and a
+    ``dtype``), for the Details view; {} for anything else."""
+    try:
+        shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+        if not isinstance(shape, tuple) or dtype is None:
+            return {}
+        return {"shape": [int(n) for n in shape], "dtype": str(dtype)}
+    except Exception:  # a user object's attributes may raise anything
+        return {}
+
+
 def import_record(name: str, value: Any) -> dict[str, Any] | None:
     """How to re-import a module alias or a `from x import y` binding, if it is one."""
     if isinstance(value, types.ModuleType):
@@ -111,7 +123,7 @@ def capture(
     stream = Stream(namespace)
     names: list[str] = []
     for var, value in variables.items():
-        record = records[var] = {"name": var, "type": type_name(value)}
+        record = records[var] = {"name": var, "type": type_name(value), **array_facts(value)}
         if var in exclude:
             record.update(status="excluded", reason="excluded with %ckpt exclude")
             continue

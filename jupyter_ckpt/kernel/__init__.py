@@ -37,6 +37,8 @@ class KernelSession:
         self.shell = shell
         self.excluded: set[str] = set()
         self.last_image: str | None = None
+        # name -> id() of each value the last save could not write (no reference kept)
+        self.unsaveable: dict[str, int] = {}
         self._store: ImageStore | None = None
 
     @property
@@ -66,7 +68,25 @@ class KernelSession:
         except Exception as exc:
             return {"error": _describe(exc)}
         self.last_image = manifest["id"]
+        namespace = self.shell.user_ns
+        self.unsaveable = {
+            v["name"]: id(namespace[v["name"]])
+            for v in manifest["variables"]
+            if v["status"] == "lost" and v["name"] in namespace
+        }
         return summarize_save(manifest, time.perf_counter() - started)
+
+    def still_unsaveable(self) -> list[str]:
+        """The variables the last save could not write that still hold the same values:
+        not deleted, rebound or excluded since. While there are some, a suspend with
+        on_unsaveable=keep fails again; once there are none, it need not be retried to
+        know that."""
+        namespace = self.shell.user_ns
+        return sorted(
+            name
+            for name, value_id in self.unsaveable.items()
+            if name not in self.excluded and name in namespace and id(namespace[name]) == value_id
+        )
 
     def restore(self, ref: str, map_location: str | None = None) -> dict[str, Any]:
         started = time.perf_counter()
@@ -125,3 +145,7 @@ def checkpoint(name: str | None = None) -> dict[str, Any]:
 
 def restore(ref: str, map_location: str | None = None) -> dict[str, Any]:
     return session().restore(ref, map_location)
+
+
+def still_unsaveable() -> list[str]:
+    return session().still_unsaveable()

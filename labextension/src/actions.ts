@@ -5,7 +5,7 @@ import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 
 import { showDetails } from './details';
-import { formatBytes } from './format';
+import { formatBytes, shortId } from './format';
 import { confirmSuspend, KernelStatusModel } from './kernelstatus';
 import { IRowActions } from './panel';
 import { imageLabel, ISessionRow, SavedSessionsModel } from './sessions';
@@ -33,7 +33,9 @@ export class CkptActions implements IRowActions {
   ) {}
 
   async checkpoint(kernelId: string): Promise<void> {
-    await this._write('Checkpoint', () => this._api.checkpoint(kernelId));
+    await this._write('Checkpoint', kernelId, () =>
+      this._api.checkpoint(kernelId)
+    );
   }
 
   /** Suspend now; if the kernel still works in the background, only once the user has
@@ -44,7 +46,7 @@ export class CkptActions implements IRowActions {
     ) {
       return;
     }
-    await this._write('Suspend', () => this._api.suspend(kernelId));
+    await this._write('Suspend', kernelId, () => this._api.suspend(kernelId));
   }
 
   /** Open the row's notebook on a kernel restored from its image (a console when the
@@ -124,6 +126,7 @@ export class CkptActions implements IRowActions {
 
   private async _write(
     what: 'Checkpoint' | 'Suspend',
+    kernelId: string,
     call: () => Promise<IWriteReply>
   ): Promise<void> {
     const id = Notification.emit(
@@ -148,15 +151,17 @@ export class CkptActions implements IRowActions {
         autoClose: false
       });
     }
+    // this kernel alone: a refresh of every kernel in flight may have been asked for
+    // while the suspend ran, and would show it still suspending
     await Promise.all([
       this._sessions.refresh(),
-      this._kernels.refresh().catch(() => undefined)
+      this._kernels.refresh(kernelId).catch(() => undefined)
     ]);
   }
 
   private _reportResume(row: ISessionRow, reply: IResumeReply): void {
     const missing = lostText(reply.restore.missing);
-    const message = `Resumed ${row.title} on kernel ${reply.kernel.id}.${missing}`;
+    const message = `Resumed ${row.title} on kernel ${shortId(reply.kernel.id)}.${missing}`;
     if (missing) {
       Notification.warning(message, { autoClose: false });
     } else {

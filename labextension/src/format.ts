@@ -47,3 +47,8 @@ export function exactTime(iso: string): string {
 export function baseName(path: string): string {
   return path.split('/').pop() || path;
 }
+
+/** Ids in full only on hover: the first 12 characters name an image in every command. */
+export function shortId(id: string): string {
+  return id.slice(0, 12);
+}

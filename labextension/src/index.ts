@@ -5,19 +5,29 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette, Notification } from '@jupyterlab/apputils';
+import {
+  ICommandPalette,
+  ISessionContext,
+  Notification
+} from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Event } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { pauseIcon } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 
 import { CkptActions } from './actions';
 import { CkptApi } from './api';
 import { ckptIcon } from './icon';
-import { eventNotice, KernelStatusModel } from './kernelstatus';
+import {
+  commandBlocked,
+  eventNotice,
+  IBlocked,
+  KernelStatusModel
+} from './kernelstatus';
 import { SavedSessionsPanel } from './panel';
 import { SavedSessionsModel } from './sessions';
 import { KernelStatusItem } from './statusitem';
@@ -82,29 +92,50 @@ function activate(
 
   const currentKernel = (): string | null =>
     tracker.currentWidget?.sessionContext.session?.kernel?.id ?? null;
-  const canWrite = (): boolean => {
-    const id = currentKernel();
-    return id !== null && !kernels.isSuspended(id);
-  };
+  const whyNot = (): IBlocked | null =>
+    commandBlocked(
+      currentKernel(),
+      id => kernels.isSuspended(id),
+      kernels.available
+    );
   const withKernel = (run: (id: string) => Promise<void>) => () => {
     const id = currentKernel();
     return id ? run(id) : undefined;
   };
+  // the commands stay in menus, the palette and the toolbar when they cannot run,
+  // saying why: in a few words in the label, in full in the caption (tooltip)
+  const caption = (what: string) => () => {
+    const blocked = whyNot();
+    return blocked ? `${what} Not available now: ${blocked.long}` : what;
+  };
+  const label = (name: string) => (args: { [key: string]: unknown }) => {
+    if (args.toolbar) {
+      return '';
+    }
+    const blocked = whyNot();
+    return blocked ? `${name} (${blocked.short})` : name;
+  };
   app.commands.addCommand(CommandIDs.checkpoint, {
-    label: 'Checkpoint kernel now',
-    caption: 'Save the kernel state to an image and keep the kernel running',
-    isEnabled: canWrite,
+    label: label('Save Kernel State Now'),
+    caption: caption(
+      "Save the kernel's variables to an image; the kernel keeps running."
+    ),
+    icon: args => (args.toolbar ? ckptIcon : undefined),
+    isEnabled: () => whyNot() === null,
     execute: withKernel(id => actions.checkpoint(id))
   });
   app.commands.addCommand(CommandIDs.suspend, {
-    label: 'Suspend kernel now',
-    caption:
-      'Save the kernel state to an image and shut the kernel down to free its GPU',
-    isEnabled: canWrite,
+    label: label('Suspend Kernel Now'),
+    caption: caption(
+      "Save the kernel's variables to an image and shut the kernel down to free its GPU; running a cell restores it."
+    ),
+    icon: args => (args.toolbar ? pauseIcon : undefined),
+    isEnabled: () => whyNot() === null,
     execute: withKernel(id => actions.suspend(id))
   });
   app.commands.addCommand(CommandIDs.showPanel, {
-    label: 'Show saved sessions',
+    label: 'Show Saved Sessions',
+    caption: 'Suspended kernels and saved kernel images',
     icon: args => (args.isPalette ? undefined : ckptIcon),
     execute: () => app.shell.activateById(panel.id)
   });
@@ -117,18 +148,16 @@ function activate(
     50
   );
   kernels.changed.connect(() => app.commands.notifyCommandChanged());
+  tracker.currentChanged.connect(() => app.commands.notifyCommandChanged());
 
   if (statusBar) {
     const item = new KernelStatusItem(kernels, () =>
       app.shell.activateById(panel.id)
     );
-    // the item follows the notebook in front; other documents hide it
+    // the item follows the notebook or console in front; other documents hide it
     const follow = () => {
       const current = labShell ? labShell.currentWidget : tracker.currentWidget;
-      item.session =
-        current && current === tracker.currentWidget
-          ? tracker.currentWidget.sessionContext
-          : null;
+      item.session = sessionContextOf(current);
     };
     tracker.currentChanged.connect(follow);
     labShell?.currentChanged.connect(follow);
@@ -141,6 +170,15 @@ function activate(
       activeStateChanged: item.activeStateChanged
     });
   }
+}
+
+/** The kernel session of a notebook or console panel (both have one); null for any
+ * other widget. A console is found by its shape, as the console package is not needed
+ * for anything else. */
+function sessionContextOf(widget: unknown): ISessionContext | null {
+  const context = (widget as { sessionContext?: ISessionContext } | null)
+    ?.sessionContext;
+  return context && 'kernelChanged' in context ? context : null;
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {

@@ -2,7 +2,7 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { formatBytes, formatDuration, relativeTime } from './format';
+import { exactTime, formatBytes, formatDuration, relativeTime } from './format';
 import { ICkptApi, ICkptEvent, IKernelStatus } from './types';
 
 export interface IStatusText {
@@ -63,14 +63,17 @@ export function describeKernel(
       : 'GPU'
     : null;
   const failure =
-    status.last_failure?.action === 'suspend'
-      ? status.last_failure.reason
-      : null;
-  const blockers = failure ? [failure] : (status.blocked_by ?? []);
+    status.last_failure?.action === 'suspend' ? status.last_failure : null;
+  const lost = Object.entries(failure?.lost ?? {});
+  const blockers = failure ? [failure.reason] : (status.blocked_by ?? []);
   if (blockers.length > 0) {
+    const first = lost.length
+      ? unsaveableText(lost[0][0], lost[0][1])
+      : plainBlocker(blockers[0]);
+    const more = lost.length > 1 ? ` and ${lost.length - 1} more` : '';
     return {
       state: 'blocked',
-      text: [gpu, `not suspended: ${blockers[0]}`].filter(Boolean).join(' · '),
+      text: [gpu, `Not suspended: ${first}${more}`].filter(Boolean).join(' · '),
       title: `The kernel is not suspended when idle: ${blockers.join('; ')}.`
     };
   }
@@ -82,6 +85,39 @@ export function describeKernel(
     text: [gpu, when].filter(Boolean).join(' · '),
     title: `Idle kernels are saved to an image and shut down after ${formatDuration(status.idle_timeout ?? 0)}; running a cell resets the clock.`
   };
+}
+
+/** What the monitor's reasons (which name the settings behind them) say in plain words. */
+const PLAIN_BLOCKERS: [RegExp, string][] = [
+  [/^idle suspension is off\b/, 'idle suspension is off'],
+  [/ is in exclude_kernel_names$/, 'kernels of this kind are never suspended'],
+  [/^\d+ client\(s\) connected\b/, 'it is open in a browser tab'],
+  [/^holds no GPU memory\b/, 'it uses no GPU'],
+  [/^holds less than min_gpu_memory_mb\b/, 'it uses little GPU memory'],
+  [
+    /^the activity check failed\b/,
+    'the kernel did not say whether it is working'
+  ],
+  [/^variables cannot be saved\b/, 'some variables cannot be saved']
+];
+
+/** A reason the server gives for not suspending a kernel, for the status bar; the full
+ * reason stays in the hover text. */
+export function plainBlocker(reason: string): string {
+  const plain = PLAIN_BLOCKERS.find(([pattern]) => pattern.test(reason));
+  return plain ? plain[1] : reason;
+}
+
+/** Why one variable cannot be saved, and what the user can do about it:
+ * "fh is an open file (`del fh`, or `%ckpt exclude fh`)". */
+export function unsaveableText(name: string, reason: string): string {
+  const pickled = /cannot pickle '([\w.]+)' object/.exec(reason);
+  const what = /cannot save an open file/.test(reason)
+    ? 'is an open file'
+    : pickled
+      ? `is a ${pickled[1]}, which cannot be saved`
+      : 'cannot be saved';
+  return `${name} ${what} (\`del ${name}\`, or \`%ckpt exclude ${name}\`)`;
 }
 
 /**
@@ -138,27 +174,41 @@ export class KernelStatusModel {
     return status
       ? describeKernel(
           status,
-          this._fetchedAt,
+          this._fetchedAt.get(kernelId) ?? now,
           now,
           this._restoring.get(kernelId)
         )
       : null;
   }
 
-  /** Fetch the status; concurrent calls share one request. Rejects when it fails. */
-  refresh(): Promise<void> {
-    if (!this._pending) {
-      this._pending = this._load().finally(() => (this._pending = null));
+  /** Fetch the status of every kernel, or of `kernelId` alone (its background work and
+   * a failed suspend's variables checked now); concurrent calls for the same kernels
+   * share one request. Rejects when it fails. */
+  refresh(kernelId?: string): Promise<void> {
+    const key = kernelId ?? '';
+    let pending = this._pending.get(key);
+    if (!pending) {
+      pending = this._load(kernelId).finally(() => this._pending.delete(key));
+      this._pending.set(key, pending);
     }
-    return this._pending;
+    return pending;
   }
 
-  private async _load(): Promise<void> {
+  private async _load(kernelId?: string): Promise<void> {
     const asked = Date.now();
     try {
-      const reply = await this._api.status();
-      this._fetchedAt = Date.now();
-      this._kernels = new Map(reply.kernels.map(k => [k.kernel_id, k]));
+      const reply = await this._api.status(kernelId);
+      const fetchedAt = Date.now();
+      const ids =
+        kernelId === undefined ? [...this._kernels.keys()] : [kernelId];
+      for (const id of ids) {
+        this._kernels.delete(id);
+        this._fetchedAt.delete(id);
+      }
+      for (const kernel of reply.kernels) {
+        this._kernels.set(kernel.kernel_id, kernel);
+        this._fetchedAt.set(kernel.kernel_id, fetchedAt);
+      }
       // The server's state wins: a restore is over once it sees the kernel running, and
       // none is under way if it still says suspended when asked after the message.
       for (const [id, since] of [...this._restoring]) {
@@ -175,6 +225,7 @@ export class KernelStatusModel {
     } catch (reason) {
       this._available = false;
       this._kernels.clear();
+      this._fetchedAt.clear();
       throw reason;
     } finally {
       this._changed.emit();
@@ -184,9 +235,9 @@ export class KernelStatusModel {
   private _changed = new Signal<this, void>(this);
   private _kernels = new Map<string, IKernelStatus>();
   private _restoring = new Map<string, number>();
-  private _fetchedAt = 0;
+  private _fetchedAt = new Map<string, number>();
   private _available = false;
-  private _pending: Promise<void> | null = null;
+  private _pending = new Map<string, Promise<void>>();
 }
 
 /**
@@ -238,4 +289,57 @@ export async function confirmSuspend(
 /** Background work ends without any kernel message: poll the status while there is some. */
 export function endsWithoutMessage(status: IKernelStatus | undefined): boolean {
   return (status?.background_work ?? []).length > 0;
+}
+
+/** Why a command cannot run: a few words for its label, a sentence for its caption. */
+export interface IBlocked {
+  short: string;
+  long: string;
+}
+
+/**
+ * Why "Save Kernel State Now" and "Suspend Kernel Now" cannot run for the current
+ * notebook's kernel (`kernelId`, null when there is none), or null when they can.
+ */
+export function commandBlocked(
+  kernelId: string | null,
+  isSuspended: (id: string) => boolean,
+  serverAvailable: boolean
+): IBlocked | null {
+  if (kernelId === null) {
+    return {
+      short: 'no notebook kernel',
+      long: 'open a notebook that has a running kernel.'
+    };
+  }
+  if (isSuspended(kernelId)) {
+    return {
+      short: 'kernel suspended',
+      long: 'the kernel is suspended and its state saved; run a cell to resume it.'
+    };
+  }
+  if (!serverAvailable) {
+    return {
+      short: 'server extension not answering',
+      long: 'the jupyter_ckpt server extension does not answer.'
+    };
+  }
+  return null;
+}
+
+/**
+ * The hover text of a kernel "recovered after a crash" (its server stopped without
+ * suspending it; it comes back from its last autosave), or null for any other kernel.
+ */
+export function recoveredTitle(
+  status: IKernelStatus | undefined
+): string | null {
+  const recovered = status?.recovered;
+  if (!recovered) {
+    return null;
+  }
+  const crashed = recovered.crashed_after
+    ? ` The server stopped after ${exactTime(recovered.crashed_after)} without suspending it.`
+    : ' The server stopped without suspending it.';
+  return `Kernel state autosaved ${exactTime(recovered.autosave_at)}.${crashed} Changes made after the autosave are not in it.`;
 }

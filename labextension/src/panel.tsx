@@ -1,32 +1,33 @@
 /** The Saved sessions sidebar: suspended kernels and saved images, with their actions. */
 
-import { ReactWidget } from '@jupyterlab/ui-components';
+import {
+  ReactWidget,
+  refreshIcon,
+  tagIcon,
+  ToolbarButtonComponent
+} from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { exactTime, formatBytes, relativeTime } from './format';
+import { exactTime, formatBytes, relativeTime, shortId } from './format';
 import { ckptIcon } from './icon';
+import { Compatibility, gpuNeed, RecoveredBadge } from './badges';
 import { KernelStatusModel } from './kernelstatus';
 import {
+  changeSince,
   deleteBlocked,
   imageLabel,
+  isNamed,
   ISessionRow,
   RowAction,
   rowActions,
   SavedSessionsModel
 } from './sessions';
-import { Verdict } from './types';
 
 export interface IRowActions {
   resume(row: ISessionRow): Promise<void>;
   remove(row: ISessionRow): Promise<void>;
   details(row: ISessionRow): Promise<void>;
 }
-
-const VERDICT_LABEL: Record<Verdict, string> = {
-  compatible: 'Compatible',
-  warnings: 'Compatible with warnings',
-  incompatible: 'Incompatible'
-};
 
 export class SavedSessionsPanel extends ReactWidget {
   constructor(
@@ -63,14 +64,17 @@ export class SavedSessionsPanel extends ReactWidget {
       <>
         <div className="jp-CkptPanel-header">
           <h2 className="jp-CkptPanel-heading">Saved sessions</h2>
-          <button
-            className="jp-CkptButton"
-            onClick={() => void model.refresh()}
-            aria-label="Refresh saved sessions"
-            title="Refresh saved sessions"
+          <div
+            className="jp-Toolbar jp-CkptPanel-toolbar"
+            role="toolbar"
+            aria-label="Saved sessions"
           >
-            Refresh
-          </button>
+            <ToolbarButtonComponent
+              icon={refreshIcon}
+              onClick={() => void model.refresh()}
+              tooltip="Refresh saved sessions"
+            />
+          </div>
         </div>
         <input
           className="jp-CkptPanel-search jp-mod-styled"
@@ -87,7 +91,7 @@ export class SavedSessionsPanel extends ReactWidget {
             aria-label="Saved sessions, newest first"
           >
             {model.entries.map(entry =>
-              this._renderRow(entry.latest, entry.older)
+              this._renderRow(entry.latest, entry.older, entry.older[0])
             )}
           </ul>
         )}
@@ -129,7 +133,7 @@ export class SavedSessionsPanel extends ReactWidget {
           <p>No saved sessions yet.</p>
           <p>
             Idle kernels are saved here automatically. To save one now, use
-            Kernel › Checkpoint kernel now, or run <code>%ckpt save</code> in a
+            Kernel › Save Kernel State Now, or run <code>%ckpt save</code> in a
             notebook after <code>%load_ext jupyter_ckpt</code>.
           </p>
         </div>
@@ -146,8 +150,13 @@ export class SavedSessionsPanel extends ReactWidget {
     return null;
   }
 
-  /** A row; with `older`, the head of a notebook's entry, its other images folded. */
-  private _renderRow(row: ISessionRow, older: ISessionRow[] = []): JSX.Element {
+  /** A row; with `older`, the head of a notebook's entry, its other images folded;
+   * `previous`, the entry's image before this one, to say what changed since. */
+  private _renderRow(
+    row: ISessionRow,
+    older: ISessionRow[] = [],
+    previous?: ISessionRow
+  ): JSX.Element {
     const { image } = row;
     const now = Date.now();
     const note = this.model.noteFor(image.id);
@@ -160,8 +169,8 @@ export class SavedSessionsPanel extends ReactWidget {
           data-image-id={image.id}
           aria-labelledby={titleId}
         >
-          <div className="jp-CkptRow-title" id={titleId}>
-            {image.id}
+          <div className="jp-CkptRow-title" id={titleId} title={image.id}>
+            {shortId(image.id)}
           </div>
           <p className="jp-CkptRow-problem">
             Cannot be verified, so it cannot be resumed or deleted here:{' '}
@@ -200,8 +209,13 @@ export class SavedSessionsPanel extends ReactWidget {
     if (gpu) {
       facts.push(<span key="gpu">{gpu}</span>);
     }
-    const compat = image.compatibility;
-    const reasonsId = `jp-CkptRow-reasons-${image.id}`;
+    if (previous) {
+      facts.push(
+        <span key="change" className="jp-CkptRow-change">
+          {changeSince(image, previous.image)}
+        </span>
+      );
+    }
     const label = row.title;
     return (
       <li
@@ -224,29 +238,23 @@ export class SavedSessionsPanel extends ReactWidget {
               Suspended kernel
             </span>
           )}
+          {row.suspendedKernel && (
+            <RecoveredBadge
+              status={this._kernels.kernel(row.suspendedKernel)}
+            />
+          )}
         </div>
-        {image.name && image.name !== label && (
-          <div className="jp-CkptRow-name">{image.name}</div>
-        )}
-        <div className="jp-CkptRow-facts">{facts}</div>
-        {compat && (
-          <div className="jp-CkptRow-compat">
-            <span
-              className={`jp-CkptBadge jp-mod-${compat.verdict}`}
-              title={compat.reasons.join('\n') || 'Restorable on this node'}
-              aria-describedby={compat.reasons.length ? reasonsId : undefined}
-            >
-              {VERDICT_LABEL[compat.verdict]}
-            </span>
-            {compat.reasons.length > 0 && (
-              <ul className="jp-CkptRow-reasons" id={reasonsId}>
-                {compat.reasons.map(reason => (
-                  <li key={reason}>{reason}</li>
-                ))}
-              </ul>
-            )}
+        {isNamed(row) && (
+          <div
+            className="jp-CkptRow-name"
+            title={`Saved under the name ${image.name}`}
+          >
+            <tagIcon.react tag="span" className="jp-CkptRow-nameIcon" />
+            {image.name}
           </div>
         )}
+        <div className="jp-CkptRow-facts">{facts}</div>
+        <Compatibility compat={image.compatibility} id={image.id} />
         {image.lost && image.lost.length > 0 && (
           <p className="jp-CkptRow-problem">
             Not saved: {image.lost.join(', ')}
@@ -264,7 +272,9 @@ export class SavedSessionsPanel extends ReactWidget {
               {older.length} older image{older.length === 1 ? '' : 's'}
             </summary>
             <ul className="jp-CkptPanel-list">
-              {older.map(other => this._renderRow(other))}
+              {older.map((other, i) =>
+                this._renderRow(other, [], older[i + 1])
+              )}
             </ul>
           </details>
         )}
@@ -329,8 +339,8 @@ export class SavedSessionsPanel extends ReactWidget {
     );
   }
 
-  /** The GPU the session held: the image's own record, else what its suspended kernel
-   * freed, else the devices its tensors were on. */
+  /** The GPU the image needs: the model it was saved from, else the devices its tensors
+   * were on; the memory its own record gives, else what its suspended kernel freed. */
   private _gpuText(row: ISessionRow): string | null {
     const { gpu, devices } = row.image;
     const memory =
@@ -339,11 +349,6 @@ export class SavedSessionsPanel extends ReactWidget {
         ? this._kernels.kernel(row.suspendedKernel)?.gpu_bytes
         : undefined);
     const where = gpu?.model ?? devices?.filter(d => d !== 'cpu').join(', ');
-    if (!memory && !where) {
-      return null;
-    }
-    return ['GPU', where, memory ? formatBytes(memory) : null]
-      .filter(Boolean)
-      .join(' ');
+    return gpuNeed(where || undefined, memory);
   }
 }

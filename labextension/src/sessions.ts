@@ -2,7 +2,7 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { baseName } from './format';
+import { baseName, formatBytes, shortId } from './format';
 import { ICkptApi, IImage } from './types';
 
 export interface ISessionRow {
@@ -43,7 +43,7 @@ export function deleteBlocked(image: IImage): string | null {
 
 /** "checkpoint-3 (3f9a2c51e0b4)": how a confirmation or notification names an image. */
 export function imageLabel(image: IImage): string {
-  const id = image.id.slice(0, 12);
+  const id = shortId(image.id);
   return image.name ? `${image.name} (${id})` : id;
 }
 
@@ -238,4 +238,50 @@ export class SavedSessionsModel {
   private _rows: ISessionRow[] = [];
   private _notes = new Map<string, string>();
   private _pending: Promise<void> | null = null;
+}
+
+/** The name an image gets when none is given (the kernel side's `_default_name`): the
+ * notebook's file name without extension, else "kernel-<8 hex>" or "session". */
+function defaultName(notebook: string | null): string | null {
+  if (!notebook) {
+    return null;
+  }
+  const stem = baseName(notebook).replace(/\.[^.]*$/, '');
+  return stem
+    .replace(/[^A-Za-z0-9._-]+/g, '-')
+    .replace(/^[-._]+|[-._]+$/g, '')
+    .slice(0, 128);
+}
+
+/** Whether the row's image was given a name of its own (`%ckpt save NAME`). */
+export function isNamed(row: ISessionRow): boolean {
+  const name = row.image.name;
+  return (
+    !!name &&
+    name !== defaultName(row.notebook) &&
+    !/^kernel-[0-9a-f]{8}$/.test(name) &&
+    name !== 'session'
+  );
+}
+
+/**
+ * What changed from the image before it (`previous`, older) to this one: "+1.2 MB, 2
+ * variables more"; "same size and variables" when neither moved.
+ */
+export function changeSince(image: IImage, previous: IImage): string {
+  const parts: string[] = [];
+  const size = (image.size?.logical ?? 0) - (previous.size?.logical ?? 0);
+  if (size !== 0) {
+    parts.push(`${size > 0 ? '+' : '−'}${formatBytes(Math.abs(size))}`);
+  }
+  const count = (image.variables_count ?? 0) - (previous.variables_count ?? 0);
+  if (count !== 0) {
+    const n = Math.abs(count);
+    parts.push(
+      `${n} variable${n === 1 ? '' : 's'} ${count > 0 ? 'more' : 'fewer'}`
+    );
+  }
+  return parts.length
+    ? `${parts.join(', ')} than the one before`
+    : 'same size and variables as the one before';
 }

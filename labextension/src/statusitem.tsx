@@ -14,6 +14,8 @@ import {
 
 /** Seconds between status fetches while the kernel works in the background. */
 const BACKGROUND_POLL = 5;
+/** How long to wait before asking again when the server has not yet seen the kernel idle. */
+const RECHECK_MS = 1000;
 
 export class KernelStatusItem extends ReactWidget {
   constructor(
@@ -109,16 +111,34 @@ export class KernelStatusItem extends ReactWidget {
     }
   }
 
+  /** A cell this client ran is done, and what kept the kernel from being suspended may
+   * be gone with it (a variable deleted): ask the server about this kernel now. Not on
+   * every idle status: the server's own checks of the kernel make it busy and idle too. */
+  private async _recheck(id: string): Promise<void> {
+    await this._model.refresh(id).catch(() => undefined);
+    // the server reads the kernel's status on a socket of its own, which may lag ours
+    if (this._model.kernel(id)?.execution_state === 'busy') {
+      window.setTimeout(
+        () => void this._model.refresh(id).catch(() => undefined),
+        RECHECK_MS
+      );
+    }
+  }
+
   /** A request that needs the kernel restores a suspended one (DESIGN section 4). */
   private _onMessage(
     kernel: Kernel.IKernelConnection,
     args: Kernel.IAnyMessageArgs
   ): void {
-    if (
-      args.direction === 'send' &&
-      wakesKernel(args.msg.channel, args.msg.header.msg_type)
-    ) {
+    const { channel, header } = args.msg;
+    if (args.direction === 'send' && wakesKernel(channel, header.msg_type)) {
       this._model.markRestoring(kernel.id, Date.now());
+    } else if (
+      args.direction === 'recv' &&
+      channel === 'shell' &&
+      header.msg_type === 'execute_reply'
+    ) {
+      void this._recheck(kernel.id);
     }
   }
 

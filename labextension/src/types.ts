@@ -39,6 +39,9 @@ export interface IVariable {
   devices?: string[];
   reason?: string;
   module?: string;
+  /** Arrays and tensors: their shape ([] for a scalar) and dtype. */
+  shape?: number[];
+  dtype?: string;
 }
 
 /** `GET /api/ckpt/images/{id}`. */
@@ -62,11 +65,20 @@ export interface IKernelStatus {
    * GPUs): what suspending the kernel now would stop. */
   background_work?: string[];
   gpu?: { bytes?: number; holds_gpu?: boolean };
-  last_failure?: { action: string; reason: string; at: string } | null;
+  last_failure?: {
+    action: string;
+    reason: string;
+    at: string;
+    /** The variables a failed suspend could not save (name -> why), while they still
+     * hold those values: the server forgets the failure once they are all gone. */
+    lost?: Record<string, string>;
+  } | null;
   /** Suspended kernels: their image, when they were suspended and the GPU memory freed. */
   image?: string;
   suspended_at?: string;
   gpu_bytes?: number;
+  /** A kernel that was running when its server crashed, back from its last autosave. */
+  recovered?: { autosave_at: string; crashed_after?: string | null };
 }
 
 export interface IStatusReply {

@@ -5,6 +5,7 @@ import { IVariable } from './types';
 
 export interface IVariableRow {
   name: string;
+  /** The type, and an array's dtype and shape: "numpy.ndarray float32 3 × 4". */
   type: string;
   size: string;
   device: string;
@@ -24,7 +25,9 @@ export function variableRows(variables: IVariable[]): IVariableRow[] {
           : (v.reason ?? v.status);
     return {
       name: v.name,
-      type: v.type,
+      type: [v.type, v.dtype, v.shape && shapeText(v.shape)]
+        .filter(Boolean)
+        .join(' '),
       size: v.bytes !== undefined ? formatBytes(v.bytes) : '—',
       device: v.devices?.length
         ? v.devices.join(', ')
@@ -39,4 +42,9 @@ export function variableRows(variables: IVariable[]): IVariableRow[] {
   return rows.sort(
     (a, b) => Number(a.saved) - Number(b.saved) || a.name.localeCompare(b.name)
   );
+}
+
+/** "3 × 4", "scalar" for a zero-dimensional array. */
+export function shapeText(shape: number[]): string {
+  return shape.length ? shape.join(' × ') : 'scalar';
 }

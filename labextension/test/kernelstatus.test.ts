@@ -1,12 +1,16 @@
 import { describe, expect, it } from 'vitest';
 
 import {
+  commandBlocked,
   confirmSuspend,
   describeKernel,
   endsWithoutMessage,
   eventNotice,
   KernelStatusModel,
+  plainBlocker,
+  recoveredTitle,
   suspendWarning,
+  unsaveableText,
   wakesKernel
 } from '../src/kernelstatus';
 import { EVENT_SCHEMA, IKernelStatus } from '../src/types';
@@ -50,7 +54,7 @@ describe('describeKernel', () => {
     });
     expect(describeKernel(blocked, T0, T0)).toMatchObject({
       state: 'blocked',
-      text: 'GPU 12.3 GB · not suspended: the kernel is busy'
+      text: 'GPU 12.3 GB · Not suspended: the kernel is busy'
     });
     const failed = running({
       last_failure: {
@@ -60,7 +64,7 @@ describe('describeKernel', () => {
       }
     });
     expect(describeKernel(failed, T0, T0).text).toBe(
-      'GPU 12.3 GB · not suspended: open file fh'
+      'GPU 12.3 GB · Not suspended: open file fh'
     );
     const checkpointFailed = running({
       last_failure: {
@@ -70,6 +74,60 @@ describe('describeKernel', () => {
       }
     });
     expect(describeKernel(checkpointFailed, T0, T0).state).toBe('running');
+  });
+
+  it('names a variable that cannot be saved and what to do about it', () => {
+    const failed = running({
+      gpu: { holds_gpu: false },
+      last_failure: {
+        action: 'suspend',
+        reason:
+          "variables cannot be saved (on_unsaveable=keep): fh (TypeError: cannot save an open file ('scratch.txt'))",
+        at: '2026-11-29T11:00:00Z',
+        lost: {
+          fh: "TypeError: cannot save an open file ('scratch.txt')",
+          gen: "TypeError: cannot pickle 'generator' object"
+        }
+      }
+    });
+    expect(describeKernel(failed, T0, T0)).toMatchObject({
+      state: 'blocked',
+      text: 'Not suspended: fh is an open file (`del fh`, or `%ckpt exclude fh`) and 1 more'
+    });
+    expect(
+      unsaveableText('gen', "TypeError: cannot pickle 'generator' object")
+    ).toBe(
+      'gen is a generator, which cannot be saved (`del gen`, or `%ckpt exclude gen`)'
+    );
+    expect(unsaveableText('x', 'RecursionError: too deep')).toBe(
+      'x cannot be saved (`del x`, or `%ckpt exclude x`)'
+    );
+  });
+
+  it('says why a kernel stays up in plain words, not setting names', () => {
+    expect(plainBlocker('holds no GPU memory (gpu_only=True)')).toBe(
+      'it uses no GPU'
+    );
+    expect(
+      plainBlocker('1 client(s) connected (suspend_connected=False)')
+    ).toBe('it is open in a browser tab');
+    expect(plainBlocker("kernel name 'ir' is in exclude_kernel_names")).toBe(
+      'kernels of this kind are never suspended'
+    );
+    expect(plainBlocker('idle suspension is off (idle_timeout=0)')).toBe(
+      'idle suspension is off'
+    );
+    expect(plainBlocker('the kernel is busy')).toBe('the kernel is busy');
+    const blocked = running({
+      gpu: { holds_gpu: false },
+      blocked_by: ['holds no GPU memory (gpu_only=True)'],
+      seconds_until_suspend: null
+    });
+    expect(describeKernel(blocked, T0, T0)).toMatchObject({
+      text: 'Not suspended: it uses no GPU',
+      title:
+        'The kernel is not suspended when idle: holds no GPU memory (gpu_only=True).'
+    });
   });
 
   it('describes suspended, suspending and restoring kernels', () => {
@@ -154,6 +212,37 @@ describe('KernelStatusModel', () => {
     expect(m.describe('unknown', Date.now())).toBeNull();
   });
 
+  it('asks about one kernel and keeps what it knows of the others', async () => {
+    const asked: (string | undefined)[] = [];
+    const m = new KernelStatusModel({
+      status: async (kernelId?: string) => {
+        asked.push(kernelId);
+        return kernelId
+          ? {
+              kernels: [
+                { kernel_id: 'k1', state: 'running' as const, blocked_by: [] }
+              ]
+            }
+          : {
+              kernels: [
+                {
+                  kernel_id: 'k1',
+                  state: 'running' as const,
+                  blocked_by: ['the kernel is busy']
+                },
+                { kernel_id: 'k2', state: 'suspended' as const }
+              ]
+            };
+      }
+    });
+    await m.refresh();
+    expect(m.describe('k1', Date.now())?.state).toBe('blocked');
+    await m.refresh('k1');
+    expect(asked).toEqual([undefined, 'k1']);
+    expect(m.describe('k1', Date.now())?.state).toBe('running');
+    expect(m.isSuspended('k2')).toBe(true);
+  });
+
   it('is unavailable, and forgets kernels, when the server does not answer', async () => {
     let fail = false;
     const m = new KernelStatusModel({
@@ -213,7 +302,7 @@ describe('explicit suspend of a kernel working in the background', () => {
       'The kernel is still working in the background: a thread started by `_train` is running. Suspending it now saves its variables but stops this work.'
     );
     expect(describeKernel(working, T0, T0).text).toBe(
-      'GPU 12.3 GB · not suspended: a thread started by `_train` is running'
+      'GPU 12.3 GB · Not suspended: a thread started by `_train` is running'
     );
     expect(suspendWarning(running())).toBeNull();
     expect(suspendWarning(undefined)).toBeNull();
@@ -255,5 +344,45 @@ describe('explicit suspend of a kernel working in the background', () => {
   it('keeps polling only while background work may end unannounced', () => {
     expect(endsWithoutMessage(working)).toBe(true);
     expect(endsWithoutMessage(running())).toBe(false);
+  });
+});
+
+describe('recoveredTitle', () => {
+  it('explains a kernel recovered after a crash, and only such a kernel', () => {
+    const recovered = running({
+      state: 'suspended',
+      recovered: {
+        autosave_at: '2026-11-29T11:00:00Z',
+        crashed_after: '2026-11-29T11:05:00Z'
+      }
+    });
+    const title = recoveredTitle(recovered)!;
+    expect(title).toContain('Kernel state autosaved');
+    expect(title).toContain('The server stopped after');
+    expect(title).toContain('Changes made after the autosave are not in it.');
+    expect(
+      recoveredTitle(
+        running({ recovered: { autosave_at: 'x', crashed_after: null } })
+      )
+    ).toContain('The server stopped without suspending it.');
+    expect(recoveredTitle(running())).toBeNull();
+    expect(recoveredTitle(undefined)).toBeNull();
+  });
+});
+
+describe('commandBlocked', () => {
+  it('says why the save and suspend commands cannot run, or nothing', () => {
+    const suspended = (id: string) => id === 'k2';
+    expect(commandBlocked(null, suspended, true)?.short).toBe(
+      'no notebook kernel'
+    );
+    expect(commandBlocked('k2', suspended, true)).toEqual({
+      short: 'kernel suspended',
+      long: 'the kernel is suspended and its state saved; run a cell to resume it.'
+    });
+    expect(commandBlocked('k1', suspended, false)?.short).toBe(
+      'server extension not answering'
+    );
+    expect(commandBlocked('k1', suspended, true)).toBeNull();
   });
 });

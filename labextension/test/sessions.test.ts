@@ -2,10 +2,13 @@ import { describe, expect, it } from 'vitest';
 
 import {
   apiPath,
+  changeSince,
   deleteBlocked,
   filterRows,
   groupRows,
   imageLabel,
+  isNamed,
+  ISessionRow,
   rowActions,
   SavedSessionsModel,
   sessionRows
@@ -250,5 +253,45 @@ describe('deleteBlocked and imageLabel', () => {
       `img-${id} (3f9a2c51e0b4)`
     );
     expect(imageLabel({ id, state: 'saved' })).toBe('3f9a2c51e0b4');
+  });
+});
+
+describe('what an entry says about its images', () => {
+  const saved = (extra: Partial<IImage>): IImage => ({
+    id: 'i',
+    state: 'saved',
+    ...extra
+  });
+  const row = (name: string, notebook: string | null): ISessionRow => ({
+    image: saved({ name }),
+    notebook,
+    title: notebook ?? name,
+    suspendedKernel: null
+  });
+
+  it('marks images saved under a name of their own', () => {
+    expect(isNamed(row('before-training', 'work/My Model.ipynb'))).toBe(true);
+    expect(isNamed(row('My-Model', 'work/My Model.ipynb'))).toBe(false);
+    expect(isNamed(row('kernel-1a2b3c4d', null))).toBe(false);
+    expect(isNamed(row('session', null))).toBe(false);
+  });
+
+  it('says what changed since the image before', () => {
+    const older = saved({ size: { logical: 1_000_000 }, variables_count: 3 });
+    expect(
+      changeSince(
+        saved({ size: { logical: 2_200_000 }, variables_count: 5 }),
+        older
+      )
+    ).toBe('+1.2 MB, 2 variables more than the one before');
+    expect(
+      changeSince(
+        saved({ size: { logical: 700_000 }, variables_count: 2 }),
+        older
+      )
+    ).toBe('−300 KB, 1 variable fewer than the one before');
+    expect(changeSince(older, older)).toBe(
+      'same size and variables as the one before'
+    );
   });
 });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { variableRows } from '../src/variables';
+import { shapeText, variableRows } from '../src/variables';
 
 describe('variableRows', () => {
   it('lists what was not saved first, with the reason', () => {
@@ -11,7 +11,9 @@ describe('variableRows', () => {
         type: 'torch.Tensor',
         status: 'saved',
         bytes: 4_000_000,
-        devices: ['cuda:0']
+        devices: ['cuda:0'],
+        shape: [1000, 1000],
+        dtype: 'torch.float32'
       },
       {
         name: 'fh',
@@ -40,10 +42,19 @@ describe('variableRows', () => {
       note: 'imported from numpy'
     });
     expect(rows[4]).toMatchObject({ size: '28 B', device: 'cpu' });
+    expect(rows[4].type).toBe('int');
     expect(rows[3]).toMatchObject({
+      type: 'torch.Tensor torch.float32 1000 × 1000',
       size: '4.0 MB',
       device: 'cuda:0',
       note: 'saved'
     });
+  });
+});
+
+describe('shapeText', () => {
+  it('writes dimensions the way people say them', () => {
+    expect(shapeText([3, 4])).toBe('3 × 4');
+    expect(shapeText([])).toBe('scalar');
   });
 });

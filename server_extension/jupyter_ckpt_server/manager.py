@@ -40,7 +40,12 @@ _CALL = "__import__('json').dumps(__import__('jupyter_ckpt.kernel').kernel.{call
 
 
 class SuspendFailed(CkptError):
-    """A kernel could not be checkpointed or suspended; it keeps running."""
+    """A kernel could not be checkpointed or suspended; it keeps running. ``lost``: the
+    variables that could not be saved, when that is why (name -> reason)."""
+
+    def __init__(self, message: str, lost: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.lost = lost or {}
 
 
 class NothingToSave(SuspendFailed):
@@ -364,7 +369,8 @@ class CkptManager(LoggingConfigurable):
             if summary["lost"] and self.policy.on_unsaveable == "keep" and trigger != "shutdown":
                 raise SuspendFailed(
                     "variables cannot be saved (on_unsaveable=keep): "
-                    + _describe_lost(summary["lost"])
+                    + _describe_lost(summary["lost"]),
+                    lost=summary["lost"],
                 )
             launch = km.launch.get(kernel_id, {})
             record = {
@@ -667,6 +673,8 @@ class CkptManager(LoggingConfigurable):
     ) -> None:
         reason = str(exc)
         self.failures[kernel_id] = {"action": action, "reason": reason, "at": _now()}
+        if getattr(exc, "lost", None):
+            self.failures[kernel_id]["lost"] = exc.lost
         self.log.warning("Could not %s kernel %s: %s", action, kernel_id, reason)
         self.record_event(action, kernel_id, trigger, started, status="error", msg=reason)
 

@@ -15,6 +15,7 @@ from jupyter_ckpt.errors import InvalidReference
 
 from .manager import CkptManager, NothingToSave, SuspendFailed
 from .monitor import IdleMonitor
+from .work import quiet_call
 
 
 def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -217,6 +218,8 @@ class CkptService:
         manager = self.manager
         km = manager.kernel_manager
         kernels = []
+        if kernel_id:
+            await self._forget_fixed_failure(kernel_id)
         for assessment in await self.monitor.assess([kernel_id] if kernel_id else None):
             kernels.append(
                 {
@@ -236,3 +239,27 @@ class CkptService:
             "node": self.node,
             "kernels": kernels,
         }
+
+    async def _forget_fixed_failure(self, kernel_id: str) -> None:
+        """A suspend that failed on variables it could not save no longer says why the
+        kernel stays up once the user deleted, rebound or excluded them all: asked now,
+        not at the next attempt."""
+        manager = self.manager
+        failure = manager.failures.get(kernel_id)
+        km = manager.kernel_manager
+        if not failure or not failure.get("lost") or not km.is_running(kernel_id):
+            return
+        if km.get_kernel(kernel_id).execution_state == "busy":
+            return  # asked again when the cell is done
+        timeout = manager.policy.activity_timeout
+        try:
+            still = await quiet_call(manager, kernel_id, "still_unsaveable()", timeout)
+        except (SuspendFailed, asyncio.TimeoutError):
+            return  # the failure stands until the kernel can say
+        if manager.failures.get(kernel_id) is not failure:
+            return  # a newer attempt replaced it meanwhile
+        lost = {name: why for name, why in failure["lost"].items() if name in still}
+        if lost:
+            failure["lost"] = lost
+        else:
+            del manager.failures[kernel_id]

@@ -74,36 +74,41 @@ def gpu_busy(usage: GpuUsage, threshold: int) -> list[str]:
 
 async def kernel_side(manager: CkptManager, kernel_id: str, policy: SuspendPolicy) -> list[str]:
     """The kernel's busy threads and pending tasks; a kernel that does not answer within
-    ``activity_timeout`` counts as busy, never as idle.
+    ``activity_timeout`` counts as busy, never as idle."""
+    kinds = [k for k in KERNEL_SIDE_KINDS if k in policy.background_work]
+    if not kinds or not manager.kernel_manager.is_running(kernel_id):
+        return []
+    timeout = min(policy.activity_timeout, policy.check_interval)
+    call = f"background_work({kinds!r}, {list(policy.background_thread_ignore)!r})"
+    try:
+        found: dict[str, Any] = await quiet_call(manager, kernel_id, call, timeout)
+        return [reason for kind in kinds for reason in found.get(kind, [])]
+    except asyncio.TimeoutError:
+        return [NO_ANSWER]
+    except SuspendFailed as exc:  # an error in the kernel, or a kernel without jupyter_ckpt
+        return [f"the activity check failed: {exc}"]
+
+
+async def quiet_call(manager: CkptManager, kernel_id: str, call: str, timeout: float) -> Any:
+    """``manager.kernel_call`` within ``timeout`` (else ``asyncio.TimeoutError``), leaving
+    the kernel's idle clock where it was.
 
     The silent call is itself an execute request, which the server counts as activity;
     unless a client sent the kernel something meanwhile, the kernel's idle clock is put
     back where it was, so that checking a kernel never keeps it from being suspended.
     """
-    kinds = [k for k in KERNEL_SIDE_KINDS if k in policy.background_work]
     km = manager.kernel_manager
-    if not kinds or not km.is_running(kernel_id):
-        return []
     kernel = km.get_kernel(kernel_id)
     last, last_any = kernel.last_activity, km.last_kernel_activity
     messages = manager.client_messages[kernel_id]
-    timeout = min(policy.activity_timeout, policy.check_interval)
-    call = f"background_work({kinds!r}, {list(policy.background_thread_ignore)!r})"
     try:
-        found: dict[str, Any] = await asyncio.wait_for(
-            manager.kernel_call(kernel_id, call, timeout + 1), timeout
-        )
-        reasons = [reason for kind in kinds for reason in found.get(kind, [])]
-    except asyncio.TimeoutError:
-        reasons = [NO_ANSWER]
-    except SuspendFailed as exc:  # an error in the kernel, or a kernel without jupyter_ckpt
-        reasons = [f"the activity check failed: {exc}"]
-    await _seen_done(kernel, last, timeout)
-    if km.is_running(kernel_id) and manager.client_messages[kernel_id] == messages:
-        if km.last_kernel_activity == kernel.last_activity:
-            km.last_kernel_activity = last_any
-        kernel.last_activity = last
-    return reasons
+        return await asyncio.wait_for(manager.kernel_call(kernel_id, call, timeout + 1), timeout)
+    finally:
+        await _seen_done(kernel, last, timeout)
+        if km.is_running(kernel_id) and manager.client_messages[kernel_id] == messages:
+            if km.last_kernel_activity == kernel.last_activity:
+                km.last_kernel_activity = last_any
+            kernel.last_activity = last
 
 
 async def _seen_done(kernel: Any, last: Any, timeout: float) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from browser_lab import OUTPUT, Lab
 from playwright.sync_api import Locator, Page, expect
 
+SUSPENDED = "Suspended · run a cell to resume"
 PANEL = "#jupyter-ckpt-sessions"
 STATUS = ".jp-CkptStatus-button"
 KERNEL_IDLE = re.compile(r"^Python 3.* \| Idle$")
@@ -19,7 +20,8 @@ def open_notebook(page: Page, lab: Lab, path: str) -> None:
     page.goto(
         f"{lab.url}/lab/workspaces/{path.replace('.', '-')}/tree/{path}?reset&token={lab.token}"
     )
-    expect(page.locator(".jp-NotebookPanel .jp-Cell").first).to_be_visible()
+    # a cold JupyterLab on a loaded machine takes more than expect's default 5 s
+    expect(page.locator(".jp-NotebookPanel .jp-Cell").first).to_be_visible(timeout=60_000)
     # the status bar names the kernel once it is started: "Python 3 (ipykernel) | Idle"
     expect(page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)).to_be_visible(
         timeout=90_000
@@ -32,7 +34,10 @@ def run_cell(page: Page, code: str) -> Locator:
     index = cells.count()
     cell = cells.nth(index - 1)  # pinned: `.last` would move to the cell the run adds
     cell.locator(".cm-content").click()
+    # keys typed before the editor has focus are notebook shortcuts ("b" adds a cell)
+    expect(cell.locator(".cm-editor")).to_have_class(re.compile(r"\bcm-focused\b"))
     page.keyboard.type(code)
+    expect(cell.locator(".cm-content")).to_have_text(code)
     page.keyboard.press("Shift+Enter")
     expect(cells).to_have_count(index + 1)  # run-and-advance adds the next cell
     expect(cell.locator(".jp-InputArea-prompt")).to_have_text(
@@ -94,3 +99,23 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.25)
+
+
+def ckpt_state(lab: Lab, kernel_id: str) -> str | None:
+    kernels = {k["id"]: k for k in lab.api("GET", "api/kernels")}
+    return kernels[kernel_id]["ckpt"]["state"] if kernel_id in kernels else None
+
+
+def suspend_idle(lab: Lab, *kernel_ids: str) -> None:
+    """Let the kernels' idle timeout pass and wait until the idle monitor (checking every
+    few seconds) has suspended them. The clock moves on again at each poll while a kernel still
+    runs: a message it got after the first move restarted its clock."""
+
+    def suspended() -> bool:
+        states = {k: ckpt_state(lab, k) for k in kernel_ids}
+        for kernel_id, state in states.items():
+            if state == "running":
+                lab.idle_for(kernel_id)
+        return all(state == "suspended" for state in states.values())
+
+    wait_until(suspended, 90, f"kernels {kernel_ids} to be suspended")

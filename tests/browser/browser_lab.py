@@ -19,8 +19,13 @@ CHROMIUM_ARGS = [
 ]
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT = REPO / "test-output" / "browser"
-IDLE_TIMEOUT = 20  # long enough for the page to load and a cell to run first
+IDLE_TIMEOUT = 600  # never reached by waiting: tests move the idle clock (Lab.idle_for)
 STEADY_KERNEL = "steady"
+# "suspends in 2 h" for the first 30 minutes, however slow the page is to show it
+STEADY_TIMEOUT = 7200
+# ms for a step that starts a kernel and restores an image into it: seconds when the
+# machine is idle, far more on a loaded one
+RESTORE_WAIT = 90_000
 
 
 @dataclass
@@ -39,6 +44,11 @@ class Lab:
         with urllib.request.urlopen(request, timeout=30) as response:
             text = response.read()
         return json.loads(text) if text else None
+
+    def idle_for(self, kernel_id: str, seconds: float = IDLE_TIMEOUT) -> bool:
+        """Move the kernel's idle clock ``seconds`` on, as if it had been idle that long
+        (tests/browser/idle_clock.py); False if the kernel was not running."""
+        return self.api("POST", f"api/idle-clock/{kernel_id}", {"seconds": seconds})["running"]
 
     def kernel_of(self, notebook: str) -> str:
         sessions = self.api("GET", "api/sessions")

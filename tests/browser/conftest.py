@@ -1,9 +1,11 @@
 """JupyterLab with jupyter-ckpt on loopback, driven by Debian's Chromium through Playwright.
 
 The server runs as a subprocess with its own root, store, secret and Jupyter directories,
-a short ``SuspendPolicy.idle_timeout`` and ``gpu_only=False`` so that CPU kernels are
-suspended too. Notebooks that must not be suspended mid-test use the "steady" kernel spec,
-whose metadata overrides the idle timeout.
+an ``SuspendPolicy.idle_timeout`` no test waits for, and ``gpu_only=False`` so that CPU
+kernels are suspended too. A test makes a kernel idle long enough by moving its idle clock
+(``idle_clock``, a server extension of the tests), so no step races the wall clock.
+Notebooks that must not be suspended even then use the "steady" kernel spec, whose
+metadata overrides the idle timeout.
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ from browser_lab import (
     OUTPUT,
     REPO,
     STEADY_KERNEL,
+    STEADY_TIMEOUT,
     Lab,
 )
+
+HERE = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Browser tests run last: while its browser is open, Playwright's sync API keeps an
     event loop running in the main thread, which the async server tests cannot share."""
-    here = Path(__file__).parent
-    mine = {id(item) for item in items if Path(str(item.fspath)).is_relative_to(here)}
+    mine = {id(item) for item in items if Path(str(item.fspath)).is_relative_to(HERE)}
     items.sort(key=lambda item: id(item) in mine)  # stable: each group keeps its order
     if CHROMIUM.exists():
         return
@@ -80,7 +84,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                 "display_name": "Python 3 (steady)",
                 "language": "python",
-                "metadata": {"jupyter_ckpt": {"idle_timeout": 3600}},
+                "metadata": {"jupyter_ckpt": {"idle_timeout": STEADY_TIMEOUT}},
             }
         )
     )
@@ -91,6 +95,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     if (build / "package.json").exists():
         (checkout / "labextensions").mkdir(parents=True)
         (checkout / "labextensions" / "jupyter-ckpt").symlink_to(build)
+    config = base / "config"
+    config.mkdir()
+    (config / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"idle_clock": True}}})
+    )
     # no "get notified about Jupyter news?" toast over the screenshots
     news = base / "settings" / "@jupyterlab" / "apputils-extension"
     news.mkdir(parents=True)
@@ -99,10 +108,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         **os.environ,
         "JUPYTER_CKPT_STORE": str(base / "store"),
         "JUPYTER_CKPT_SECRET_FILE": str(base / "secret"),
-        "JUPYTER_CONFIG_DIR": str(base / "config"),
+        "JUPYTER_CONFIG_DIR": str(config),
         "JUPYTER_DATA_DIR": str(data),
         "JUPYTER_PATH": os.pathsep.join([str(checkout), os.environ.get("JUPYTER_PATH", "")]),
         "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
         "JUPYTERLAB_SETTINGS_DIR": str(base / "settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(base / "workspaces"),
     }
@@ -118,7 +128,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root}",
         f"--SuspendPolicy.idle_timeout={IDLE_TIMEOUT}",
-        "--SuspendPolicy.check_interval=1",
+        "--SuspendPolicy.check_interval=3",  # its kernel check gets 3 s on a loaded machine
+        "--SuspendPolicy.activity_timeout=3",
         "--SuspendPolicy.gpu_only=False",
         "--SuspendPolicy.suspend_on_shutdown=False",
     ]  # fmt: skip

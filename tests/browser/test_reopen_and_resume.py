@@ -7,6 +7,8 @@ import psutil
 from browser_helpers import (
     KERNEL_IDLE,
     STATUS,
+    SUSPENDED,
+    ckpt_state,
     confirm,
     entries,
     image_row,
@@ -15,19 +17,12 @@ from browser_helpers import (
     run_cell,
     saved_image_id,
     screenshot,
+    suspend_idle,
     toast,
     wait_until,
 )
-from browser_lab import IDLE_TIMEOUT, Lab
+from browser_lab import RESTORE_WAIT, Lab
 from playwright.sync_api import Page, expect
-
-SUSPENDED = "Suspended · run a cell to resume"
-SUSPEND_WAIT = IDLE_TIMEOUT + 60
-
-
-def ckpt_state(lab: Lab, kernel_id: str) -> str | None:
-    kernels = {k["id"]: k for k in lab.api("GET", "api/kernels")}
-    return kernels[kernel_id]["ckpt"]["state"] if kernel_id in kernels else None
 
 
 def connections(lab: Lab, kernel_id: str) -> int:
@@ -40,14 +35,6 @@ def has_process(kernel_id: str) -> bool:
         if any(f"kernel-{kernel_id}.json" in part for part in process.info["cmdline"] or ()):
             return True
     return False
-
-
-def wait_suspended(lab: Lab, *kernel_ids: str) -> None:
-    wait_until(
-        lambda: all(ckpt_state(lab, k) == "suspended" for k in kernel_ids),
-        SUSPEND_WAIT,
-        f"kernels {kernel_ids} to be suspended",
-    )
 
 
 def open_console(page: Page) -> None:
@@ -65,7 +52,7 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     run_cell(page, "b = 2")
     page.goto(f"{lab.url}/lab/workspaces/{second.replace('.', '-')}/tree/{first}")
     current_tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current")
-    expect(current_tab).to_contain_text(first)
+    expect(current_tab).to_contain_text(first, timeout=60_000)
     expect(page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)).to_be_visible(
         timeout=90_000
     )
@@ -77,13 +64,17 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     console = next(
         s["kernel"]["id"] for s in lab.api("GET", "api/sessions") if s["type"] == "console"
     )
-    wait_suspended(lab, *kernels)
+    suspend_idle(lab, *kernels)
 
     # JupyterLab reconnects to all three and asks for kernel info, comm info and history
     page.reload()
     wait_until(lambda: all(connections(lab, k) > 0 for k in kernels), 90, "reconnects")
-    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(has_text=first).click()
+    tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab")
     status = page.locator(STATUS)
+    # a console's kernel has its status item too
+    tabs.filter(has_text="Console").click()
+    expect(status).to_have_text(SUSPENDED, timeout=30_000)
+    tabs.filter(has_text=first).click()
     # the status follows the server: suspended, not "Restoring…" (defect 3)
     expect(status).to_have_text(SUSPENDED, timeout=30_000)
     assert all(ckpt_state(lab, k) == "suspended" for k in kernels)
@@ -107,7 +98,7 @@ def test_resume_of_a_closed_notebook_replaces_its_suspended_kernel(page: Page, l
     image_id = saved_image_id(run_cell(page, "%ckpt save seven"))
     run_cell(page, "y = 8")
     old_kernel = lab.kernel_of(notebook)
-    wait_suspended(lab, old_kernel)
+    suspend_idle(lab, old_kernel)
     page.locator(".jp-mod-current .lm-TabBar-tabCloseIcon").click()
     confirm(page, "Discard")
     expect(page.locator(".jp-NotebookPanel")).to_have_count(0)
@@ -118,9 +109,12 @@ def test_resume_of_a_closed_notebook_replaces_its_suspended_kernel(page: Page, l
     expect(entry).to_have_count(1)  # one entry per notebook: "seven" is folded in it
     expect(entry.locator(".jp-CkptBadge.jp-mod-suspended")).to_have_count(1)
     row = image_row(panel, image_id)
+    # the image saved by name is marked so; each image says what changed before it
+    expect(row.locator(".jp-CkptRow-name")).to_have_text("seven")
+    expect(entry.locator(".jp-CkptRow-change").first).to_contain_text("the one before")
     screenshot(panel, "panel-entry-unfolded")
     row.get_by_role("button", name="Resume replace.ipynb").click()
-    expect(toast(page, "Resumed replace.ipynb")).to_be_visible()
+    expect(toast(page, "Resumed replace.ipynb")).to_be_visible(timeout=RESTORE_WAIT)
     expect(run_cell(page, "y")).to_contain_text("7")
 
     sessions = [s for s in lab.api("GET", "api/sessions") if s["path"] == notebook]
@@ -143,7 +137,7 @@ def test_suspending_an_unchanged_kernel_adds_no_entry(page: Page, lab: Lab) -> N
     open_notebook(page, lab, notebook)
     kernel_id = lab.kernel_of(notebook)
     run_cell(page, "zeta = 1")
-    wait_suspended(lab, kernel_id)
+    suspend_idle(lab, kernel_id)
 
     def images() -> list[str]:
         return [i["id"] for i in lab.api("GET", "api/ckpt/images") if i["kernel_id"] == kernel_id]
@@ -156,7 +150,7 @@ def test_suspending_an_unchanged_kernel_adds_no_entry(page: Page, lab: Lab) -> N
     page.keyboard.type("zet")
     page.keyboard.press("Tab")
     wait_until(lambda: ckpt_state(lab, kernel_id) == "running", 60, "the restore")
-    wait_suspended(lab, kernel_id)
+    suspend_idle(lab, kernel_id)
     assert images() == before
     panel = open_panel(page)
     expect(panel.locator(".jp-CkptRow").filter(has_text="cycles.ipynb")).to_have_count(1)

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from browser_helpers import KERNEL_IDLE, STATUS, open_notebook, run_cell, screenshot
-from browser_lab import IDLE_TIMEOUT, Lab
+from browser_helpers import (
+    KERNEL_IDLE,
+    STATUS,
+    SUSPENDED,
+    open_notebook,
+    run_cell,
+    screenshot,
+    suspend_idle,
+)
+from browser_lab import Lab
 from playwright.sync_api import Page, expect
 
 
@@ -13,13 +21,16 @@ def test_running_a_cell_restores_the_suspended_kernel_under_its_id(page: Page, l
     kernel_id = lab.kernel_of(notebook)
     run_cell(page, "x = 41")
     status = page.locator(STATUS)
-    expect(status).to_have_text(
-        "Suspended · run a cell to resume", timeout=(IDLE_TIMEOUT + 60) * 1000
-    )
+    suspend_idle(lab, kernel_id)
+    expect(status).to_have_text(SUSPENDED, timeout=30_000)
     # the notebook does not look dead: its kernel reads as idle while suspended
     kernel_state = page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)
     expect(kernel_state).to_be_visible(timeout=20_000)
     expect(run_cell(page, "x + 1")).to_contain_text("42")
     assert lab.kernel_of(notebook) == kernel_id
+    # the execution count goes on from the kernel's: no second [1] in the notebook
+    prompts = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputArea-prompt")
+    expect(prompts.nth(0)).to_have_text("[1]:")
+    expect(prompts.nth(1)).to_have_text("[2]:")
     expect(status).to_contain_text("suspends in")
     screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-restored")

@@ -7,29 +7,43 @@ import re
 from browser_helpers import (
     PANEL,
     STATUS,
+    SUSPENDED,
     open_notebook,
     open_panel,
     run_cell,
     screenshot,
+    suspend_idle,
 )
-from browser_lab import IDLE_TIMEOUT, Lab
+from browser_lab import Lab
 from playwright.sync_api import Page, expect
 
 
 def test_idle_kernel_is_suspended_and_its_image_kept(page: Page, lab: Lab) -> None:
-    notebook = lab.notebook("idle.ipynb")  # the server's short idle timeout applies
+    notebook = lab.notebook("idle.ipynb")
     open_notebook(page, lab, notebook)
     kernel_id = lab.kernel_of(notebook)
     run_cell(page, "x = 41")
     status = page.locator(STATUS)
     expect(status).to_contain_text("suspends in")
 
-    expect(status).to_have_text(
-        "Suspended · run a cell to resume", timeout=(IDLE_TIMEOUT + 60) * 1000
-    )
+    suspend_idle(lab, kernel_id)
+    expect(status).to_have_text(SUSPENDED, timeout=30_000)
     # the kernel keeps its id: the notebook's session still points at it
     assert lab.kernel_of(notebook) == kernel_id
     screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-suspended")
+    # the notebook's toolbar keeps its kernel-state buttons, disabled, saying why
+    toolbar = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-NotebookPanel-toolbar")
+    suspend = toolbar.locator("[data-jp-item-name='ckpt-suspend'] button")
+    expect(suspend).to_be_disabled()
+    expect(suspend).to_have_attribute(
+        "aria-label", re.compile(r"Not available now: the kernel is suspended")
+    )
+    # and so does the Kernel menu, in a few words
+    page.locator(".lm-MenuBar-itemLabel:text-is('Kernel')").click()
+    item = page.locator(".lm-Menu-item[data-command='jupyter-ckpt:suspend']")
+    expect(item).to_have_attribute("aria-disabled", "true")
+    expect(item).to_contain_text("Suspend Kernel Now (kernel suspended)")
+    page.keyboard.press("Escape")
 
     panel = open_panel(page)
     row = panel.locator(".jp-CkptRow").filter(has_text="idle.ipynb")

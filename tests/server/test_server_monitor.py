@@ -103,6 +103,31 @@ async def test_unsaveable_variables_with_keep_keep_the_kernel(
     assert await monitor.tick() == [kernel_id]
 
 
+async def test_a_failure_on_unsaveable_variables_ends_when_they_are_deleted(
+    jp_fetch, start_kernel, connect, manager, monitor
+):
+    kernel_id = await start_kernel()
+    client = await connect(kernel_id)
+    await client.execute("gen = (i for i in range(3))\nfh = open('scratch.txt', 'w')\nkept = 1")
+    await idle_for_a_moment(manager, kernel_id)
+    assert await monitor.tick() == []
+
+    async def failure() -> dict[str, Any] | None:
+        r = await jp_fetch("api", "ckpt", "status", params={"kernel_id": kernel_id})
+        (kernel,) = json.loads(r.body)["kernels"]
+        return kernel["last_failure"]
+
+    assert set((await failure())["lost"]) == {"fh", "gen"}
+    # rebinding and excluding end a variable's part as well as deleting it
+    await client.execute("gen = 2\n%load_ext jupyter_ckpt")
+    assert set((await failure())["lost"]) == {"fh"}, "asked at once, not at the next attempt"
+    await client.execute("%ckpt exclude fh")
+    kernel = manager.kernel_manager.get_kernel(kernel_id)
+    idle_since = kernel.last_activity
+    assert await failure() is None
+    assert kernel.last_activity == idle_since, "asking the kernel kept its idle clock"
+
+
 async def test_a_kernel_without_jupyter_ckpt_keeps_running(
     jp_fetch, start_kernel, no_ckpt_kernel, manager, monitor, events
 ):

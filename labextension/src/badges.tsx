@@ -1,0 +1,72 @@
+/** Small parts of a saved-sessions entry, rendered from the server's data alone. */
+
+import * as React from 'react';
+
+import { formatBytes } from './format';
+import { recoveredTitle } from './kernelstatus';
+import { ICompatibility, IKernelStatus, Verdict } from './types';
+
+/** "recovered after a crash" on the entry of a kernel its server did not suspend. */
+export function RecoveredBadge({
+  status
+}: {
+  status: IKernelStatus | undefined;
+}): JSX.Element | null {
+  const title = recoveredTitle(status);
+  return title ? (
+    <span className="jp-CkptBadge jp-mod-recovered" title={title}>
+      recovered after a crash
+    </span>
+  ) : null;
+}
+
+const VERDICT_LABEL: Record<Exclude<Verdict, 'compatible'>, string> = {
+  warnings: 'Compatible with warnings',
+  incompatible: 'Incompatible'
+};
+
+/** Whether the image restores here: nothing when it does without a doubt, otherwise a
+ * badge and the reasons, inline. */
+export function Compatibility({
+  compat,
+  id
+}: {
+  compat: ICompatibility | undefined;
+  id: string;
+}): JSX.Element | null {
+  if (!compat || compat.verdict === 'compatible') {
+    return null;
+  }
+  const reasonsId = `jp-CkptRow-reasons-${id}`;
+  return (
+    <div className="jp-CkptRow-compat">
+      <span
+        className={`jp-CkptBadge jp-mod-${compat.verdict}`}
+        aria-describedby={compat.reasons.length ? reasonsId : undefined}
+      >
+        {VERDICT_LABEL[compat.verdict]}
+      </span>
+      {compat.reasons.length > 0 && (
+        <ul className="jp-CkptRow-reasons" id={reasonsId}>
+          {compat.reasons.map(reason => (
+            <li key={reason}>{reason}</li>
+          ))}
+        </ul>
+      )}
+    </div>
+  );
+}
+
+/** The GPU an image needs to come back: "needs a GPU (NVIDIA A100, 12.3 GB)". `model`
+ * is the GPU it was saved from, else the devices its tensors were on; `memory` the
+ * bytes they held there. */
+export function gpuNeed(
+  model: string | undefined,
+  memory: number | undefined
+): string | null {
+  if (!model && !memory) {
+    return null;
+  }
+  const parts = [model, memory ? formatBytes(memory) : null].filter(Boolean);
+  return `needs a GPU (${parts.join(', ')})`;
+}
