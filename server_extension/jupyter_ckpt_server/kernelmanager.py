@@ -121,7 +121,12 @@ class CkptKernelManager(AsyncMappingKernelManager):
         }
 
     def kernel_model(self, kernel_id: str) -> dict[str, Any]:
-        if kernel_id not in self._kernels and kernel_id in self.suspended:
+        # A restore's new process is in _kernels a moment before jupyter_server gives it
+        # its activity markers: until then it is modelled from its record.
+        kernel = self._kernels.get(kernel_id)
+        if kernel_id in self.suspended and (
+            kernel is None or not kernel.trait_has_value("last_activity")
+        ):
             return self._suspended_model(kernel_id)
         model = super().kernel_model(kernel_id)
         model["ckpt"] = self.ckpt_field(kernel_id)

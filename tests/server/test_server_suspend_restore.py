@@ -217,3 +217,21 @@ async def test_suspending_an_unchanged_kernel_keeps_its_image(jp_fetch, connect,
     second = (await manager.suspend(kernel_id))["id"]
     images = {i["id"] for i in await get_json(jp_fetch, "api", "ckpt", "images")}
     assert second != first and images == {first, second}
+
+
+async def test_a_restoring_process_without_activity_markers_is_listed_from_its_record(
+    jp_fetch, manager
+):
+    """A restore's new process enters the kernel manager a moment before jupyter_server
+    gives it its activity markers: a listing in that moment must still answer."""
+    _, kernel_id = await start_session(jp_fetch)
+    await manager.suspend(kernel_id)
+    km = manager.kernel_manager
+    km._kernels[kernel_id] = km.kernel_manager_factory(kernel_name="python3")
+    try:
+        kernels = await get_json(jp_fetch, "api", "kernels")
+        model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+    finally:
+        del km._kernels[kernel_id]
+    assert [(k["id"], k["ckpt"]["state"]) for k in kernels] == [(kernel_id, "suspended")]
+    assert model["last_activity"] == km.suspended[kernel_id]["last_activity"]
