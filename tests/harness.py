@@ -108,6 +108,18 @@ class S3Paths(Paths):
         )
 
 
+def s3_store(endpoint: str, directory: Path, user: str, secret: str, **options: Any) -> ImageStore:
+    """``user``'s part of a store on the S3 server, named for ``directory``, opened with the
+    secret file ``directory/secret``; listings as they are now."""
+    return ImageStore(
+        url=f"s3://{BUCKET}/{directory.name}",
+        user=user,
+        secret_file=str(directory / secret),
+        storage_options={"endpoint_url": endpoint, **CREDENTIALS, "use_listings_cache": False},
+        **options,
+    )
+
+
 class MotoServer:
     """moto's S3 server on a free loopback port, with one bucket."""
 
@@ -414,6 +426,33 @@ class _Payload:
 def payload(marker: Path) -> bytes:
     """A pickle that creates ``marker`` when loaded: what a crafted image would carry."""
     return pickle.dumps(_Payload(marker), protocol=5)
+
+
+def write_foreign_image(
+    store: ImageStore, marker: Path, secret_name: str, pad_to: int | None = None, **options: Any
+) -> tuple[ImageStore, str]:
+    """A well-formed image in ``store``'s place whose ``value`` is the payload, written
+    under another secret (and ``options``, e.g. encryption); its one chunk is ``pad_to``
+    bytes if given, to stand in for one of ours. The store that wrote it, and its id."""
+    other = ImageStore(
+        url=store.root_url,
+        user=store.user,
+        secret_file=str(marker.parent / secret_name),
+        **options,
+    )
+    writer = other.writer()
+    evil = payload(marker)
+    segment = writer.add_segment(evil.ljust(pad_to or len(evil), b"\0"))
+    manifest = writer.commit(
+        {
+            "name": "foreign",
+            "created": "2026-01-01T00:00:00.000+00:00",
+            "variables": [{"name": "value", "type": "str", "status": "saved"}],
+            "imports": [],
+            "groups": [{"names": ["value"], "pickle": [segment, 0, len(evil)], "buffers": []}],
+        }
+    )
+    return other, manifest["id"]
 
 
 def group_of(manifest: dict[str, Any], name: str) -> dict[str, Any]:

@@ -31,7 +31,9 @@ from harness import (
     load_namespace,
     payload,
     plaintext_in,
+    s3_store,
     save_namespace,
+    write_foreign_image,
 )
 from traitlets import TraitError
 
@@ -197,25 +199,7 @@ def plaintext_manifest(store: ImageStore, marker: Path) -> tuple[str, Callable[[
 def _mallory(store: ImageStore, marker: Path, size: int | None = None) -> tuple[ImageStore, str]:
     """An encrypted image whose `value` is the payload, written with another secret; its
     one chunk is ``size`` bytes if given (to stand in for one of ours)."""
-    other = ImageStore(
-        url=store.root_url,
-        user=store.user,
-        secret_file=str(marker.parent / "mallory-secret"),
-        encryption=AES,
-    )
-    writer = other.writer()
-    evil = payload(marker)
-    segment = writer.add_segment(evil.ljust(size or len(evil), b"\0"))
-    manifest = writer.commit(
-        {
-            "name": "foreign",
-            "created": "2026-01-01T00:00:00.000+00:00",
-            "variables": [{"name": "value", "type": "str", "status": "saved"}],
-            "imports": [],
-            "groups": [{"names": ["value"], "pickle": [segment, 0, len(evil)], "buffers": []}],
-        }
-    )
-    return other, manifest["id"]
+    return write_foreign_image(store, marker, "mallory-secret", pad_to=size, encryption=AES)
 
 
 def foreign_image(store: ImageStore, marker: Path) -> tuple[str, Callable[[], Any]]:
@@ -449,13 +433,7 @@ def test_two_users_on_one_s3_store_cannot_read_each_other(endpoint: str, tmp_pat
     import s3fs
 
     def store(user: str, secret: str) -> ImageStore:
-        return ImageStore(
-            url=f"s3://{BUCKET}/{tmp_path.name}",
-            user=user,
-            secret_file=str(tmp_path / secret),
-            encryption=AES,
-            storage_options={"endpoint_url": endpoint, **CREDENTIALS, "use_listings_cache": False},
-        )
+        return s3_store(endpoint, tmp_path, user, secret, encryption=AES)
 
     alice, bob = store("alice", "a"), store("bob", "b")
     data = {"forecast_weights_matrix": np.frombuffer(PATTERN * (1 << 15), np.uint8).copy()}

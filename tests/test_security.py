@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from harness import Kernel, Paths, group_of, payload
+from harness import Kernel, Paths, group_of, payload, write_foreign_image
 
 from jupyter_ckpt import image
 from jupyter_ckpt.errors import IntegrityError, InvalidReference, SecretError
@@ -68,21 +68,7 @@ def tamper_manifest(store: ImageStore, marker: Path) -> str:
 
 def foreign_image(store: ImageStore, marker: Path) -> str:
     """A well-formed image with valid chunk hashes, signed with someone else's secret."""
-    secret = str(marker.parent / "other-secret")
-    other = ImageStore(url=store.root_url, user=store.user, secret_file=secret)
-    writer = other.writer()
-    evil = payload(marker)
-    segment = writer.add_segment(evil)
-    manifest = writer.commit(
-        {
-            "name": "foreign",
-            "created": "2026-01-01T00:00:00.000+00:00",
-            "variables": [{"name": "value", "type": "str", "status": "saved"}],
-            "imports": [],
-            "groups": [{"names": ["value"], "pickle": [segment, 0, len(evil)], "buffers": []}],
-        }
-    )
-    return manifest["id"]
+    return write_foreign_image(store, marker, "other-secret")[1]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from harness import BUCKET, CREDENTIALS, save_namespace
+from harness import BUCKET, CREDENTIALS, s3_store, save_namespace
 
 from jupyter_ckpt.errors import ImageNotFound, IntegrityError
 from jupyter_ckpt.store import ImageStore, chunk_path, manifest_path
@@ -155,15 +155,8 @@ def test_user_names_that_are_paths_are_refused(user: str, tmp_path: Path) -> Non
 def test_users_get_their_own_prefix_on_s3(endpoint: str, tmp_path: Path) -> None:
     import s3fs
 
-    def store(user: str, secret: str) -> ImageStore:
-        return ImageStore(
-            url=f"s3://{BUCKET}/{tmp_path.name}",
-            user=user,
-            secret_file=str(tmp_path / secret),
-            storage_options={"endpoint_url": endpoint, **CREDENTIALS},
-        )
-
-    alice, bob = store("alice", "a"), store("bob", "b")
+    alice = s3_store(endpoint, tmp_path, "alice", "a")
+    bob = s3_store(endpoint, tmp_path, "bob", "b")
     data = {"x": np.random.default_rng(3).random(1 << 20)}
     mine = save_namespace(alice, data, name="run")
     theirs = save_namespace(bob, data, name="run")

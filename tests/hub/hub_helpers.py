@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from harness import BUCKET, CREDENTIALS
 from jupyter_client.session import Session
-from server_helpers import Client, poll, text_of
+from server_helpers import Client, connect_kernel, poll, text_of
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from tornado.websocket import websocket_connect
 
@@ -160,15 +160,12 @@ class Hub:
 
     async def connect(self, user: str, kernel_id: str, session_id: str | None = None) -> Client:
         """A notebook frontend on the kernel's websocket, through the proxy."""
-        session = Session(session=session_id) if session_id else Session()
-        ws = await websocket_connect(
-            HTTPRequest(
-                f"ws://127.0.0.1:{self.port}/user/{quote(user)}/api/kernels/{kernel_id}"
-                f"/channels?session_id={session.session}",
-                headers={"Authorization": f"token {self.token}"},
-            )
+        return await connect_kernel(
+            f"ws://127.0.0.1:{self.port}/user/{quote(user)}",
+            self.token,
+            kernel_id,
+            Session(session=session_id) if session_id else None,
         )
-        return Client(ws, session, None, lambda: None)
 
     async def run_cell(self, user: str, kernel_id: str, code: str) -> str:
         """Run one cell in the kernel through the websocket; its output text."""

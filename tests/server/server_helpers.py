@@ -144,6 +144,21 @@ def text_of(outputs: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
+async def connect_kernel(
+    base_url: str, token: str, kernel_id: str, session: Session | None = None
+) -> Client:
+    """A notebook frontend on a kernel's websocket; ``base_url`` is the server's
+    ``ws://host:port`` plus its base path (``/user/<name>`` behind JupyterHub)."""
+    session = session or Session()
+    ws = await websocket_connect(
+        HTTPRequest(
+            f"{base_url}/api/kernels/{kernel_id}/channels?session_id={session.session}",
+            headers={"Authorization": f"token {token}"},
+        )
+    )
+    return Client(ws, session, None, lambda: None)
+
+
 class ServerProcess:
     """`jupyter server` with the extension on a private store and sessions database.
 
@@ -219,15 +234,7 @@ class ServerProcess:
         return await self.fetch("GET", path)
 
     async def connect(self, kernel_id: str) -> Client:
-        session = Session()
-        ws = await websocket_connect(
-            HTTPRequest(
-                f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
-                f"?session_id={session.session}",
-                headers={"Authorization": f"token {self.token}"},
-            )
-        )
-        return Client(ws, session, None, lambda: None)
+        return await connect_kernel(f"ws://127.0.0.1:{self.port}", self.token, kernel_id)
 
     async def run_cell(self, kernel_id: str, code: str) -> str:
         """Run one cell in the kernel through the websocket; its output text, once the
