@@ -14,6 +14,7 @@ from typing import Any
 from .. import image
 from ..errors import CkptError
 from ..store import ImageStore, check_ref
+from . import background
 from .activity import background_work as background_work
 from .state import apply_kernel_facts, kernel_facts, kernel_id, user_variables
 
@@ -37,6 +38,7 @@ class KernelSession:
         self.shell = shell
         self.excluded: set[str] = set()
         self.last_image: str | None = None
+        self.last_bytes = 0  # logical size of the last image: what a forked save may copy
         self._store: ImageStore | None = None
 
     @property
@@ -50,6 +52,7 @@ class KernelSession:
         exception would stay in ``sys.last_traceback`` (IPython keeps the last one), and
         with it every copy the failed save's frames held."""
         started = time.perf_counter()
+        background.collect(self)  # a finished autosave's image is the parent
         try:
             # A name is looked up later like an id, so it obeys the same rules (no paths).
             name = check_ref(name, "image name") if name else _default_name()
@@ -66,6 +69,7 @@ class KernelSession:
         except Exception as exc:
             return {"error": _describe(exc)}
         self.last_image = manifest["id"]
+        self.last_bytes = manifest["sizes"]["logical"]
         return summarize_save(manifest, time.perf_counter() - started)
 
     def restore(self, ref: str, map_location: str | None = None) -> dict[str, Any]:
@@ -76,6 +80,7 @@ class KernelSession:
         report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
+        self.last_bytes = manifest["sizes"]["logical"]
         return {
             "id": manifest["id"],
             "name": manifest["name"],
@@ -125,3 +130,12 @@ def checkpoint(name: str | None = None) -> dict[str, Any]:
 
 def restore(ref: str, map_location: str | None = None) -> dict[str, Any]:
     return session().restore(ref, map_location)
+
+
+def autosave(timeout: float = background.DEFAULT_CHILD_TIMEOUT) -> dict[str, Any]:
+    """Start a background save (see :mod:`.background`); returns at once."""
+    return background.start(session(), _default_name(), timeout)
+
+
+def autosave_result() -> dict[str, Any]:
+    return background.collect(session())

@@ -8,7 +8,9 @@ silent call of :func:`jupyter_ckpt.kernel.background_work`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psutil
@@ -74,36 +76,46 @@ def gpu_busy(usage: GpuUsage, threshold: int) -> list[str]:
 
 async def kernel_side(manager: CkptManager, kernel_id: str, policy: SuspendPolicy) -> list[str]:
     """The kernel's busy threads and pending tasks; a kernel that does not answer within
-    ``activity_timeout`` counts as busy, never as idle.
-
-    The silent call is itself an execute request, which the server counts as activity;
-    unless a client sent the kernel something meanwhile, the kernel's idle clock is put
-    back where it was, so that checking a kernel never keeps it from being suspended.
-    """
+    ``activity_timeout`` counts as busy, never as idle."""
     kinds = [k for k in KERNEL_SIDE_KINDS if k in policy.background_work]
     km = manager.kernel_manager
     if not kinds or not km.is_running(kernel_id):
         return []
+    timeout = min(policy.activity_timeout, policy.check_interval)
+    call = f"background_work({kinds!r}, {list(policy.background_thread_ignore)!r})"
+    async with idle_clock_kept(manager, kernel_id, timeout):
+        try:
+            found: dict[str, Any] = await asyncio.wait_for(
+                manager.kernel_call(kernel_id, call, timeout + 1), timeout
+            )
+            reasons = [reason for kind in kinds for reason in found.get(kind, [])]
+        except asyncio.TimeoutError:
+            reasons = [NO_ANSWER]
+        except SuspendFailed as exc:  # an error in the kernel, or a kernel without jupyter_ckpt
+            reasons = [f"the activity check failed: {exc}"]
+    return reasons
+
+
+@contextlib.asynccontextmanager
+async def idle_clock_kept(
+    manager: CkptManager, kernel_id: str, timeout: float
+) -> AsyncIterator[None]:
+    """Around the server's own silent calls to a kernel. Such a call is itself an execute
+    request, which the server counts as activity; unless a client sent the kernel
+    something meanwhile, the kernel's idle clock is put back where it was, so that the
+    server's checks and autosaves never keep a kernel from being suspended."""
+    km = manager.kernel_manager
     kernel = km.get_kernel(kernel_id)
     last, last_any = kernel.last_activity, km.last_kernel_activity
     messages = manager.client_messages[kernel_id]
-    timeout = min(policy.activity_timeout, policy.check_interval)
-    call = f"background_work({kinds!r}, {list(policy.background_thread_ignore)!r})"
     try:
-        found: dict[str, Any] = await asyncio.wait_for(
-            manager.kernel_call(kernel_id, call, timeout + 1), timeout
-        )
-        reasons = [reason for kind in kinds for reason in found.get(kind, [])]
-    except asyncio.TimeoutError:
-        reasons = [NO_ANSWER]
-    except SuspendFailed as exc:  # an error in the kernel, or a kernel without jupyter_ckpt
-        reasons = [f"the activity check failed: {exc}"]
-    await _seen_done(kernel, last, timeout)
-    if km.is_running(kernel_id) and manager.client_messages[kernel_id] == messages:
-        if km.last_kernel_activity == kernel.last_activity:
-            km.last_kernel_activity = last_any
-        kernel.last_activity = last
-    return reasons
+        yield
+    finally:
+        await _seen_done(kernel, last, timeout)
+        if km.is_running(kernel_id) and manager.client_messages[kernel_id] == messages:
+            if km.last_kernel_activity == kernel.last_activity:
+                km.last_kernel_activity = last_any
+            kernel.last_activity = last
 
 
 async def _seen_done(kernel: Any, last: Any, timeout: float) -> None:
