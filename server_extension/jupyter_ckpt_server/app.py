@@ -76,6 +76,7 @@ class CkptExtensionApp(ExtensionApp):
             kernel_manager=km,
             probe=GpuProbe(),
             emit=lambda data: event_logger.emit(schema_id=SCHEMA_ID, data=data),
+            session_manager=self.serverapp.session_manager,
         )
         self.monitor = IdleMonitor(self.manager)
         self.autosaver = Autosaver(parent=self, manager=self.manager)

@@ -99,6 +99,12 @@ class CkptManager(LoggingConfigurable):
         help="async callable(kernel_id), awaited as a suspend starts: an autosave of the "
         "kernel in progress finishes first, so the two never overlap.",
     )
+    session_manager = AnyTrait(
+        None,
+        allow_none=True,
+        help="""The server's SessionManager: a kernel's record keeps its sessions, so that
+        after a restart or a respawn on another node its notebooks reopen attached to it.""",
+    )
     step_hook = AnyTrait(
         None,
         allow_none=True,
@@ -343,6 +349,7 @@ class CkptManager(LoggingConfigurable):
                 "trigger": trigger,
                 "gpu": usage.to_json(),
                 "lost": summary["lost"],
+                "sessions": await self.sessions_of(kernel_id),
             }
             await self._hooked("record", kernel_id)
             await asyncio.to_thread(self.records.put, record)
@@ -571,8 +578,34 @@ class CkptManager(LoggingConfigurable):
                 km.failed_restores.pop(kernel_id, None)
                 await self.discard(kernel_id)
 
+    async def sessions_of(self, kernel_id: str) -> list[dict[str, Any]]:
+        """The sessions (notebooks, consoles) attached to a kernel, as a record keeps them."""
+        if self.session_manager is None:
+            return []
+        return [
+            {key: session[key] for key in ("id", "path", "name", "type")}
+            for session in await self.session_manager.list_sessions()
+            if (session.get("kernel") or {}).get("id") == kernel_id
+        ]
+
+    async def _reattach_sessions(self, kernel_id: str, sessions: list[dict[str, Any]]) -> None:
+        """Give a recorded kernel its sessions back, under their ids, unless the session
+        database (a persistent one) still has them."""
+        if self.session_manager is None:
+            return
+        known = {session["id"] for session in await self.session_manager.list_sessions()}
+        for session in sessions:
+            if session["id"] not in known:
+                await self.session_manager.save_session(
+                    session["id"],
+                    path=session["path"],
+                    name=session["name"],
+                    type=session["type"],
+                    kernel_id=kernel_id,
+                )
+
     async def load_records(self) -> None:
-        """List the kernels suspended by an earlier run of the server."""
+        """List the kernels suspended by an earlier run of the server, with their sessions."""
         records, errors = await asyncio.to_thread(self.records.all)
         for kernel_id, why in errors.items():
             self.log.warning("Ignoring the record of suspended kernel %s: %s", kernel_id, why)
@@ -589,6 +622,7 @@ class CkptManager(LoggingConfigurable):
                     recovered["autosave_at"],
                 )
             self.kernel_manager.suspended[kernel_id] = {**record, "state": "suspended"}
+            await self._reattach_sessions(kernel_id, record.get("sessions", []))
         if records:
             self.log.info("%d suspended kernel(s) restore when their users return", len(records))
         await self.enforce_retention()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import termios
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from jupyter_ckpt_server.policy import STOP_GRACE_ENV, SuspendPolicy
@@ -41,21 +42,28 @@ GATED_STATE = "x = 41\nimport gate\ng = gate.Gate()"
 
 async def kernel_with_state(
     server: ServerProcess, code: str = "x = 41", path: str = "nb.ipynb"
-) -> str:
+) -> dict[str, Any]:
+    """A notebook session whose kernel ran ``code``."""
     body = {"path": path, "name": path, "type": "notebook", "kernel": {}}
     session = await server.fetch("POST", "sessions", body)
+    await server.run_cell(session["kernel"]["id"], code)
+    return session
+
+
+async def assert_restores(server: ServerProcess, session: dict[str, Any]) -> None:
+    """A new server on the same store lists the kernel as suspended, attached to its
+    notebook's session as before, and restores it."""
     kernel_id = session["kernel"]["id"]
-    await server.run_cell(kernel_id, code)
-    return kernel_id
-
-
-async def assert_restores(server: ServerProcess, kernel_id: str) -> None:
-    """A new server on the same store lists the kernel as suspended and restores it."""
+    # the sessions database does not outlive the server (the default keeps it in memory;
+    # a respawn on another node has none): the sessions come back from the records
+    (server.tmp / "sessions.db").unlink()
     await server.start()
     try:
         # records load once the event loop runs, a moment after the server answers
         kernels = await poll(lambda: server.get("kernels"), what="the kernel to be listed")
         assert [(k["id"], k["ckpt"]["state"]) for k in kernels] == [(kernel_id, "suspended")]
+        sessions = [(s["id"], s["path"], s["kernel"]["id"]) for s in await server.get("sessions")]
+        assert sessions == [(session["id"], session["path"], kernel_id)]
         assert await server.run_cell(kernel_id, "x + 1") == "42"
     finally:
         server.terminate()
@@ -100,11 +108,11 @@ async def test_stop_suspends_and_a_new_server_restores(tmp_path, stop):
     server = ServerProcess(tmp_path)
     await server.start(stdin=subprocess.DEVNULL)
     try:
-        kernel_id = await kernel_with_state(server)
+        session = await kernel_with_state(server)
         await stop(server)
     finally:
         server.kill()
-    await assert_restores(server, kernel_id)
+    await assert_restores(server, session)
 
 
 class Terminal:
@@ -150,7 +158,7 @@ async def test_ctrl_c_in_a_terminal_confirmed_with_y(tmp_path):
     terminal = Terminal()
     await terminal.start(server)
     try:
-        kernel_id = await kernel_with_state(server, GATED_STATE)
+        session = await kernel_with_state(server, GATED_STATE)
         terminal.type(b"\x03")  # the terminal sends SIGINT to its foreground group
         await poll(lambda: terminal.shows(b"Shut down this Jupyter server (y/[n])?"))
         terminal.type(b"y\n")
@@ -162,7 +170,7 @@ async def test_ctrl_c_in_a_terminal_confirmed_with_y(tmp_path):
     finally:
         server.kill()
         terminal.close()
-    await assert_restores(server, kernel_id)
+    await assert_restores(server, session)
 
 
 async def test_closing_the_terminal(tmp_path):
@@ -171,13 +179,13 @@ async def test_closing_the_terminal(tmp_path):
     terminal = Terminal()
     await terminal.start(server)
     try:
-        kernel_id = await kernel_with_state(server)
+        session = await kernel_with_state(server)
         terminal.close()
         assert await server.exited() == 0
     finally:
         server.kill()
         terminal.close()
-    await assert_restores(server, kernel_id)
+    await assert_restores(server, session)
 
 
 async def test_stop_signals_during_the_suspend_do_not_cut_it_short(tmp_path):
@@ -187,7 +195,7 @@ async def test_stop_signals_during_the_suspend_do_not_cut_it_short(tmp_path):
     server = ServerProcess(tmp_path)
     await server.start(stdin=subprocess.DEVNULL)
     try:
-        kernel_id = await kernel_with_state(server, GATED_STATE)
+        session = await kernel_with_state(server, GATED_STATE)
         server.send_signal(signal.SIGINT)
         await poll(lambda: "Suspending up to 1 kernel" in server.log(), what="the suspend")
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -199,7 +207,7 @@ async def test_stop_signals_during_the_suspend_do_not_cut_it_short(tmp_path):
         assert await server.exited() == 0
     finally:
         server.kill()
-    await assert_restores(server, kernel_id)
+    await assert_restores(server, session)
 
 
 async def test_kernels_not_suspended_in_time_are_logged_with_the_reason(tmp_path):
@@ -207,11 +215,12 @@ async def test_kernels_not_suspended_in_time_are_logged_with_the_reason(tmp_path
     server = ServerProcess(tmp_path, policy={"shutdown_timeout": 1})
     await server.start(stdin=subprocess.DEVNULL)
     try:
-        kernel_id = await kernel_with_state(server, "import gate\ng = gate.Gate()")
+        session = await kernel_with_state(server, "import gate\ng = gate.Gate()")
         server.send_signal(signal.SIGTERM)
         assert await server.exited() == 0
     finally:
         server.kill()
+    kernel_id = session["kernel"]["id"]
     assert f"Kernel {kernel_id} was not suspended before shutdown: not done within 1" in (
         server.log()
     )
@@ -226,7 +235,7 @@ async def test_jupyterhub_local_process_spawner_stop(tmp_path):
     await server.start(stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         await poll(lambda: "This server was started by JupyterHub" in server.log())
-        kernel_id = await kernel_with_state(server)
+        session = await kernel_with_state(server)
         spawner = LocalProcessSpawner()
         spawner.proc, spawner.pid = server.process, server.process.pid
         await spawner.stop()
@@ -234,7 +243,7 @@ async def test_jupyterhub_local_process_spawner_stop(tmp_path):
     finally:
         server.kill()
     assert "Received SIGINT: suspending kernels" in server.log()
-    await assert_restores(server, kernel_id)
+    await assert_restores(server, session)
 
 
 def test_grace_period_warning_says_when_sigkill_may_come_first(monkeypatch):
@@ -276,6 +285,6 @@ async def test_jupyterhub_sigkill_keeps_the_kernels_already_suspended(tmp_path):
         server.kill()
         (tmp_path / "gate-open").touch()  # lets the orphaned saving kernel end
     log = server.log()
-    assert f"Suspended kernel {kept} to image" in log
+    assert f"Suspended kernel {kept['kernel']['id']} to image" in log
     assert "Received SIGTERM while suspending" in log
     await assert_restores(server, kept)
