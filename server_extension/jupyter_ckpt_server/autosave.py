@@ -54,7 +54,8 @@ class Tracked:
     stream: Any  # the autosaver's own iopub subscription
     # numbers of the cells (In[n]) run since the last autosave's image
     executed: list[int] = field(default_factory=list)
-    saved_at: float = field(default_factory=time.monotonic)  # last autosave (or start)
+    # when the last autosave ended: none yet, so the first comes once a cell ran
+    saved_at: float = float("-inf")
     image_id: str | None = None  # the last autosave's image
     record: dict[str, Any] | None = None  # the running record written for it
     kernel_info: dict[str, Any] | None = None
@@ -102,13 +103,15 @@ class Autosaver(LoggingConfigurable):
             return
         kernel = self.manager.kernel_manager.get_kernel(kernel_id)
         stream = kernel.connect_iopub()
-        tracked = self.tracked[kernel_id] = Tracked(stream=stream)
+        self.tracked[kernel_id] = Tracked(stream=stream)
         session = Session(config=kernel.session.config, key=kernel.session.key)
 
         def on_iopub(msg_list: list[bytes]) -> None:
             _, parts = session.feed_identities(msg_list)
             msg = session.deserialize(parts, content=False)
-            if msg["header"]["msg_type"] == "execute_input":
+            # a restart keeps the stream but starts the kernel's tracking afresh
+            tracked = self.tracked.get(kernel_id)
+            if tracked is not None and msg["header"]["msg_type"] == "execute_input":
                 tracked.executed.append(json.loads(msg["content"])["execution_count"])
                 self._schedule_refresh(kernel_id, tracked)
 
@@ -142,7 +145,7 @@ class Autosaver(LoggingConfigurable):
         tracked = self.tracked.get(kernel_id)
         if tracked is None or tracked.task is not None or not tracked.executed:
             return False
-        if not km.is_running(kernel_id) or km.is_suspended(kernel_id):
+        if not self._may_write(kernel_id):
             return False
         if kernel_id in km.ckpt_states or kernel_id in manager._restores:
             return False
@@ -159,7 +162,8 @@ class Autosaver(LoggingConfigurable):
     def tick(self) -> list[str]:
         """Start the autosaves that are due, up to ``autosave_concurrency``; their ids."""
         for kernel_id, tracked in list(self.tracked.items()):
-            if tracked.paused and self._may_write(kernel_id):
+            suspending = kernel_id in self.manager.kernel_manager.ckpt_states
+            if tracked.paused and not suspending and self._may_write(kernel_id):
                 tracked.paused = False  # the suspend failed: the kernel runs on
                 self._schedule_refresh(kernel_id, tracked, now=True)
         running = sum(t.task is not None for t in self.tracked.values())
@@ -299,6 +303,7 @@ class Autosaver(LoggingConfigurable):
             "lost": summary["lost"],
             "state": "running",
             "server": self.identity,
+            "sessions": await self.manager.sessions_of(kernel_id),
         }
         await self._write(kernel_id, tracked)
         if previous is not None and previous != tracked.image_id:
@@ -307,13 +312,13 @@ class Autosaver(LoggingConfigurable):
     # -- the running record -------------------------------------------------------------------
 
     def _may_write(self, kernel_id: str) -> bool:
-        """Whether the running record is still ours to write: the kernel runs, and no
-        suspend or restore owns its record."""
+        """Whether the running record is ours to write: the kernel runs, and no suspended
+        or failed-restore record is there. A suspend in progress waits for the autosave
+        (:meth:`before_suspend`) and writes its record after it."""
         km = self.manager.kernel_manager
         return (
             km.is_running(kernel_id)
             and not km.is_suspended(kernel_id)
-            and kernel_id not in km.ckpt_states
             and kernel_id not in km.failed_restores
         )
 
