@@ -105,6 +105,8 @@ def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
         "bytes": manifest["sizes"]["logical"],
         "written": manifest["sizes"]["written"],
         "seconds": seconds,
+        # the number of the next cell: cells from it on ran after the image
+        "execution_count": manifest["kernel"].get("execution_count"),
     }
 
 

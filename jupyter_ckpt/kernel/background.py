@@ -177,9 +177,7 @@ def _save(session: Any, name: str) -> dict[str, Any]:
         )
     except Exception as exc:
         return {"error": _describe(exc)}
-    summary = summarize_save(manifest, time.perf_counter() - started)
-    summary["execution_count"] = manifest["kernel"].get("execution_count")
-    return summary
+    return summarize_save(manifest, time.perf_counter() - started)
 
 
 def collect(session: Any) -> dict[str, Any]:
