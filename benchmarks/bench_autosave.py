@@ -89,7 +89,7 @@ def autosave_round(client: Any) -> tuple[float, dict[str, Any]]:
     while (done := result_of(client, send_call(client, "autosave_result()")))["state"] == "running":
         time.sleep(0.05)
     assert not done.get("error"), done
-    return latency, done
+    return latency, {**done, "fork_seconds": begun["fork_seconds"]}
 
 
 def main() -> None:
@@ -127,8 +127,8 @@ def main() -> None:
                     latency, done = autosave_round(client)
                     latencies["autosave"].append(latency)
                     details.append(
-                        f"round {r + 1}: child wrote {human_size(done['written'])} "
-                        f"in {done['seconds']:.1f} s"
+                        f"round {r + 1}: fork() took {done['fork_seconds'] * 1000:.1f} ms; "
+                        f"the child wrote {human_size(done['written'])} in {done['seconds']:.1f} s"
                     )
                 else:
                     latencies["blocking"].append(cell_after(client, "%ckpt save"))
