@@ -33,7 +33,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -42,7 +41,9 @@ from typing import Any
 import psutil
 
 from .. import image
+from ..image import devices
 from ..store import ImageStore
+from .activity import busy_threads
 from .state import kernel_facts, user_variables
 
 # Seconds a child may run before its alarm kills it (the server gives up at its own
@@ -77,9 +78,7 @@ def fork_blocker() -> str | None:
     """Why the state cannot be written from a forked child, or None."""
     if not hasattr(os, "fork"):
         return "this platform has no fork()"
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is not None and cuda.is_initialized():
+    if devices.device_ops.cuda_initialized():
         return "CUDA is initialized in the kernel and a forked child cannot use it"
     return None
 
@@ -115,7 +114,7 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
             f"({need >> 20} MiB), which a forked save may have to copy",
         }
     directory = tempfile.mkdtemp(prefix="ckpt-autosave-")
-    threads = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+    threads = busy_threads()  # user threads: saved as they were at the fork
     started = time.perf_counter()
     gc.freeze()  # the child's collector must not write every object's page
     try:

@@ -246,10 +246,18 @@ class Autosaver(LoggingConfigurable):
             tracked.saved_at = time.monotonic()
             if image_id is not None:  # written but not recorded: not offered for restore
                 await asyncio.to_thread(manager._forget_image, image_id)
+        extra = {}
+        if summary.get("threads_at_fork"):
+            # what the fork could not carry: these threads' work goes on in the kernel only
+            extra["msg"] = "saved as of the fork while user threads ran: " + "; ".join(
+                summary["threads_at_fork"]
+            )
+        if summary["mode"] == "blocking":
+            extra["msg"] = f"saved in the kernel: {summary['reason']}"
         manager.record_event(
             "checkpoint", kernel_id, "autosave", started, summary,
             written=summary["written"], mode=summary["mode"],
-            stall_seconds=summary.get("stall", 0.0),
+            stall_seconds=summary.get("stall", 0.0), **extra,
         )  # fmt: skip
         self.log.info(
             "Autosaved kernel %s to image %s (%s, %d bytes written)",

@@ -7,6 +7,7 @@ not depend on timing; the crash test (test_server_crash.py) runs the real loop.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,8 @@ from server_helpers import get_json, next_event, poll, start_session, text_of
 
 from jupyter_ckpt.errors import ImageNotFound
 from jupyter_ckpt.store import CHUNK_SIZE
+
+TESTS_DIR = Path(__file__).parent.parent
 
 
 @pytest.fixture
@@ -110,6 +113,7 @@ async def test_a_thread_holding_a_lock_does_not_stop_the_autosave(
     )
     event = await _autosaved(autosaver, kernel_id, events)
     assert {"lock", "release", "holder"} <= set(event["missing"])
+    assert "a thread started by `hold` is running" in event["msg"], event
     assert manager.store.open(event["image_id"])["variables"]  # x is in it
 
     # an object whose pickling waits on the held lock: the child's alarm stops it
@@ -199,4 +203,22 @@ async def test_the_scheduler_autosaves_idle_kernels_that_ran_a_cell(
     assert autosaver.tick() == [kernel_id]
     await autosaver.tracked[kernel_id].task
     assert autosaver.tick() == []  # at most once per interval
+    assert manager.records.get(kernel_id)["state"] == "running"
+
+
+async def test_a_kernel_with_cuda_initialized_saves_in_the_kernel_and_reports_the_stall(
+    jp_fetch, manager, autosaver, connect, events
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute(
+        f"import sys\nsys.path.insert(0, {str(TESTS_DIR)!r})\n"
+        "import fake_devices, torch\n"
+        "ops = fake_devices.install(gpus=1)\n"
+        "weights = torch.ones(1000)\n"
+        "ops.pretend(weights, 'cuda:0')"
+    )
+    event = await _autosaved(autosaver, kernel_id, events)
+    assert event["mode"] == "blocking" and event["stall_seconds"] > 0, event
+    assert "a forked child cannot use it" in event["msg"]
     assert manager.records.get(kernel_id)["state"] == "running"
