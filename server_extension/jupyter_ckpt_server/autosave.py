@@ -309,6 +309,8 @@ class Autosaver(LoggingConfigurable):
             "trigger": "autosave",
             "gpu": self.manager.gpu_usage(kernel_id).to_json(),
             "lost": summary["lost"],
+            "bytes": summary["bytes"],
+            "written": summary["written"],  # what this autosave added to the store
             "state": "running",
             "server": self.identity,
             "sessions": await self.manager.sessions_of(kernel_id),

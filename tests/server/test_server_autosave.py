@@ -72,6 +72,7 @@ async def test_the_kernel_answers_while_a_forked_child_writes_its_image(
     await client.execute("big[:10] = 0\nsmall = 5")
     second = await _autosaved(autosaver, kernel_id, events, n=2)
     assert second["written"] <= CHUNK_SIZE + 2**20 and second["bytes"] >= 2**27, second
+    assert manager.records.get(kernel_id)["written"] == second["written"]
     assert manager.store.open(second["image_id"])["parent"] == event["image_id"]
     with pytest.raises(ImageNotFound):
         manager.store.open(event["image_id"])
