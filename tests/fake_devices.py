@@ -26,6 +26,9 @@ class FakeDeviceOps(devices.DeviceOps):
     def cuda_device_count(self) -> int:
         return self.gpus
 
+    def cuda_initialized(self) -> bool:
+        return bool(self.placed)  # a tensor on a device: a CUDA context exists
+
     def device_of(self, tensor: Any) -> str:
         return self.placed.get(tensor.untyped_storage().data_ptr(), str(tensor.device))
 

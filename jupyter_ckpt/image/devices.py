@@ -13,6 +13,7 @@ one on an NVIDIA machine.
 from __future__ import annotations
 
 import contextvars
+import sys
 from typing import Any
 
 from ..errors import DeviceUnavailable
@@ -28,6 +29,13 @@ class DeviceOps:
 
     def device_of(self, tensor: Any) -> str:
         return str(tensor.device)
+
+    def cuda_initialized(self) -> bool:
+        """Whether this process has a CUDA context (which a forked child cannot use);
+        never imports torch itself."""
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        return cuda is not None and cuda.is_initialized()
 
     def to_host(self, u8: Any) -> Any:
         """A CPU copy of a uint8 device tensor, in pinned memory for a fast copy."""

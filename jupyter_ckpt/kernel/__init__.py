@@ -14,6 +14,7 @@ from typing import Any
 from .. import image
 from ..errors import CkptError
 from ..store import ImageStore, check_ref
+from . import background
 from .activity import background_work as background_work
 from .state import apply_kernel_facts, kernel_facts, kernel_id, user_variables
 
@@ -39,6 +40,7 @@ class KernelSession:
         self.last_image: str | None = None
         # name -> id() of each value the last save could not write (no reference kept)
         self.unsaveable: dict[str, int] = {}
+        self.last_bytes = 0  # logical size of the last image: what a forked save may copy
         self._store: ImageStore | None = None
 
     @property
@@ -52,6 +54,7 @@ class KernelSession:
         exception would stay in ``sys.last_traceback`` (IPython keeps the last one), and
         with it every copy the failed save's frames held."""
         started = time.perf_counter()
+        background.collect(self)  # a finished autosave's image is the parent
         try:
             # A name is looked up later like an id, so it obeys the same rules (no paths).
             name = check_ref(name, "image name") if name else _default_name()
@@ -74,6 +77,7 @@ class KernelSession:
             for v in manifest["variables"]
             if v["status"] == "lost" and v["name"] in namespace
         }
+        self.last_bytes = manifest["sizes"]["logical"]
         return summarize_save(manifest, time.perf_counter() - started)
 
     def still_unsaveable(self) -> list[str]:
@@ -96,6 +100,7 @@ class KernelSession:
         report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
+        self.last_bytes = manifest["sizes"]["logical"]
         return {
             "id": manifest["id"],
             "name": manifest["name"],
@@ -120,6 +125,8 @@ def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
         "bytes": manifest["sizes"]["logical"],
         "written": manifest["sizes"]["written"],
         "seconds": seconds,
+        # the number of the next cell: cells from it on ran after the image
+        "execution_count": manifest["kernel"].get("execution_count"),
     }
 
 
@@ -149,3 +156,12 @@ def restore(ref: str, map_location: str | None = None) -> dict[str, Any]:
 
 def still_unsaveable() -> list[str]:
     return session().still_unsaveable()
+
+
+def autosave(timeout: float = background.DEFAULT_CHILD_TIMEOUT) -> dict[str, Any]:
+    """Start a background save (see :mod:`.background`); returns at once."""
+    return background.start(session(), _default_name(), timeout)
+
+
+def autosave_result() -> dict[str, Any]:
+    return background.collect(session())

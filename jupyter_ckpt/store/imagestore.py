@@ -345,8 +345,9 @@ class ImageStore(LoggingConfigurable):
             ) from exc
         for kernel_id, record in self.records.all()[0].items():
             if record.get("image_id") == image_id:
+                holder = "running" if record.get("state") == "running" else "suspended"
                 raise ImageInUse(
-                    f"image {image_id} is needed by suspended kernel {kernel_id}; "
+                    f"image {image_id} is needed by {holder} kernel {kernel_id}; "
                     "resume or shut down that kernel first"
                 )
         # Removing the manifest first makes the image vanish at once; chunks go in gc().

@@ -15,6 +15,7 @@ from jupyter_ckpt.gpu import GpuProbe
 from jupyter_ckpt.store import ImageStore
 
 from . import startup
+from .autosave import Autosaver
 from .handlers import default_handlers
 from .kernelmanager import CkptKernelManager
 from .manager import CkptManager
@@ -36,6 +37,7 @@ class CkptExtensionApp(ExtensionApp):
     classes = [SuspendPolicy, ImageStore, CkptManager]
     manager: CkptManager | None = None  # None when the extension could not initialize
     monitor: IdleMonitor | None = None
+    autosaver: Autosaver | None = None
     stop_guard: StopGuard | None = None  # set once the server runs its event loop
     _stopping: asyncio.Future[None] | None = None
 
@@ -79,10 +81,12 @@ class CkptExtensionApp(ExtensionApp):
             session_manager=self.serverapp.session_manager,
         )
         self.monitor = IdleMonitor(self.manager)
+        self.autosaver = Autosaver(parent=self, manager=self.manager)
         self.service = CkptService(self.manager, self.monitor, self.serverapp.session_manager)
         self.settings.update(
             jupyter_ckpt_manager=self.manager,
             jupyter_ckpt_monitor=self.monitor,
+            jupyter_ckpt_autosaver=self.autosaver,
             jupyter_ckpt_service=self.service,
         )
 
@@ -107,6 +111,8 @@ class CkptExtensionApp(ExtensionApp):
         finally:
             loaded.set()
         self.monitor.start()
+        if self.autosaver is not None:
+            self.autosaver.begin()
         if self.policy.suspend_on_shutdown:
             self.stop_guard = StopGuard(serverapp, self.policy, self.log)
             self.stop_guard.install()
@@ -129,6 +135,8 @@ class CkptExtensionApp(ExtensionApp):
         assert self.monitor is not None and self.manager is not None
         try:
             await self.monitor.stop()
+            if self.autosaver is not None:
+                await self.autosaver.stop()
             if not self.policy.suspend_on_shutdown:
                 return
             kernels = len(self.manager.kernel_manager.running_ids())

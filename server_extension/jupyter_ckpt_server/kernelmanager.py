@@ -61,6 +61,9 @@ class CkptKernelManager(AsyncMappingKernelManager):
         # awaited with (kernel id, "shutdown" | "restart" | "interrupt") before the action:
         # aborts or waits for a suspend or restore of that kernel in progress
         self.before_action: Callable[[str, str], Awaitable[None]] | None = None
+        # called with (kernel id, True) once the server watches a started or restarted
+        # kernel's iopub, (kernel id, False) when it stops: the autosaver watches it too
+        self.on_watch: Callable[[str, bool], None] | None = None
 
     def __contains__(self, kernel_id: object) -> bool:
         if kernel_id in self._kernels:
@@ -113,12 +116,15 @@ class CkptKernelManager(AsyncMappingKernelManager):
                     "error": failed["restore_error"],
                 }
             return {"state": self.ckpt_states.get(kernel_id, "running")}
-        return {
+        field = {
             "state": record["state"],
             "image": record["image_id"],
             "suspended_at": record["suspended_at"],
             "gpu_bytes": record.get("gpu", {}).get("bytes", 0),
         }
+        if "recovered" in record:
+            field["recovered"] = record["recovered"]
+        return field
 
     def kernel_model(self, kernel_id: str) -> dict[str, Any]:
         # A restore's new process is in _kernels a moment before jupyter_server gives it
@@ -159,6 +165,16 @@ class CkptKernelManager(AsyncMappingKernelManager):
                 stream.close()
 
     # -- lifecycle ------------------------------------------------------------------------
+
+    def start_watching_activity(self, kernel_id: str) -> None:
+        super().start_watching_activity(kernel_id)
+        if self.on_watch is not None:
+            self.on_watch(kernel_id, True)
+
+    def stop_watching_activity(self, kernel_id: str) -> None:
+        if self.on_watch is not None:
+            self.on_watch(kernel_id, False)
+        super().stop_watching_activity(kernel_id)
 
     async def _async_start_kernel(  # type: ignore[override]
         self, *, kernel_id: str | None = None, path: str | None = None, **kwargs: Any

@@ -32,6 +32,7 @@ from jupyter_ckpt.store import ImageStore
 
 from .kernelmanager import CkptKernelManager, restoring
 from .policy import SuspendPolicy
+from .recovery import recovered_field, recovery_message, writer_alive
 
 # seconds between two checks that a kernel we wait for is still alive
 _LIVENESS_POLL = 1.0
@@ -103,6 +104,12 @@ class CkptManager(LoggingConfigurable):
     kernel_manager = Instance(CkptKernelManager)
     probe = Instance(GpuProbe, args=())
     emit = AnyTrait(help="callable(data): emit one jupyter_ckpt event")
+    before_suspend = AnyTrait(
+        None,
+        allow_none=True,
+        help="async callable(kernel_id), awaited as a suspend starts: an autosave of the "
+        "kernel in progress finishes first, so the two never overlap.",
+    )
     session_manager = AnyTrait(
         None,
         allow_none=True,
@@ -347,6 +354,8 @@ class CkptManager(LoggingConfigurable):
             if not await ensure_async(kernel.is_alive()):
                 raise NothingToSave("the kernel's process has died: there is no state to save")
             km.ckpt_states[kernel_id] = "suspending"
+            if self.before_suspend is not None:
+                await self.before_suspend(kernel_id)
             # After every await up to the shutdown, a client message, restart, interrupt
             # or shutdown that arrived meanwhile aborts the suspend (see settle()).
             self._check(self._suspend_aborts, kernel_id)
@@ -548,6 +557,8 @@ class CkptManager(LoggingConfigurable):
             restoring.reset(token)
         self.restore_count += 1
         report: dict[str, Any] = {"kernel_id": kernel_id, "image_id": record["image_id"]}
+        if "recovered" in record:
+            report["recovery"] = recovery_message(record)
         try:
             self._check(self._restore_aborts, kernel_id)
             await self._wait_ready(kernel_id)
@@ -659,9 +670,19 @@ class CkptManager(LoggingConfigurable):
         for kernel_id, why in errors.items():
             self.log.warning("Ignoring the record of suspended kernel %s: %s", kernel_id, why)
         for kernel_id, record in records.items():
-            if not self.kernel_manager.is_running(kernel_id):
-                self.kernel_manager.suspended[kernel_id] = {**record, "state": "suspended"}
-                await self._reattach_sessions(kernel_id, record.get("sessions", []))
+            if self.kernel_manager.is_running(kernel_id) or writer_alive(record):
+                continue
+            # a running record (autosave) with no server left: the kernel crashed
+            recovered = recovered_field(record)
+            if recovered is not None:
+                record = {**record, "recovered": recovered}
+                self.log.warning(
+                    "Kernel %s crashed; recoverable from its autosave of %s",
+                    kernel_id,
+                    recovered["autosave_at"],
+                )
+            self.kernel_manager.suspended[kernel_id] = {**record, "state": "suspended"}
+            await self._reattach_sessions(kernel_id, record.get("sessions", []))
         if records:
             self.log.info("%d suspended kernel(s) restore when their users return", len(records))
         await self.enforce_retention()

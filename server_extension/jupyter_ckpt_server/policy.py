@@ -139,6 +139,26 @@ class SuspendPolicy(Configurable):
         check_interval). A kernel that does not answer counts as busy.""",
     ).tag(config=True)
 
+    autosave_interval = Float(
+        600,
+        help="""Seconds between two background checkpoints (autosaves) of a kernel that ran
+        something since its last image; they bound what a crash (SIGKILL, OOM, a dead
+        node) loses, and the next server lists such a kernel as recoverable. 0 turns
+        autosave off. A kernelspec may override it like idle_timeout.""",
+    ).tag(config=True)
+
+    autosave_idle = Float(
+        30,
+        help="""Seconds a kernel must have been idle (no execution, no messages) before an
+        autosave may start. A kernelspec may override it like idle_timeout.""",
+    ).tag(config=True)
+
+    autosave_concurrency = Int(
+        1,
+        help="""Autosaves running at once. Each forked save holds copy-on-write pages,
+        up to its kernel's state, against the memory of the server's pod.""",
+    ).tag(config=True)
+
     @default("stop_grace_period")
     def _stop_grace_period_from_env(self) -> float:
         value = os.environ.get(STOP_GRACE_ENV, "0")
@@ -150,28 +170,47 @@ class SuspendPolicy(Configurable):
             raise TraitError(f"{STOP_GRACE_ENV} must be a number of seconds >= 0, got {value!r}")
         return seconds
 
-    @validate("idle_timeout", "min_gpu_memory_mb", "stop_grace_period")
+    @validate(
+        "idle_timeout",
+        "min_gpu_memory_mb",
+        "stop_grace_period",
+        "autosave_interval",
+        "autosave_idle",
+    )
     def _non_negative(self, proposal: Any) -> Any:
         return _at_least(proposal, 0)
 
-    @validate("check_interval", "shutdown_timeout", "checkpoint_timeout", "activity_timeout")
+    @validate(
+        "check_interval",
+        "shutdown_timeout",
+        "checkpoint_timeout",
+        "activity_timeout",
+        "autosave_concurrency",
+    )
     def _positive(self, proposal: Any) -> Any:
         return _at_least(proposal, 0, strict=True)
 
     def idle_timeout_for(self, spec_metadata: dict[str, Any] | None) -> float:
         """The idle timeout of a kernel spec: its metadata override, else the policy's."""
+        return self.for_spec("idle_timeout", spec_metadata)
+
+    def for_spec(self, name: str, spec_metadata: dict[str, Any] | None) -> float:
+        """Seconds of trait ``name`` (idle_timeout, autosave_interval, autosave_idle) for a
+        kernel spec: its metadata override, else the policy's."""
+        default = getattr(self, name)
         override = (spec_metadata or {}).get(SPEC_METADATA_KEY, {})
-        value = override.get("idle_timeout") if isinstance(override, dict) else None
+        value = override.get(name) if isinstance(override, dict) else None
         if value is None:
-            return self.idle_timeout
+            return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             log.warning(
-                "kernelspec metadata %s.idle_timeout=%r is not a number >= 0; using %s",
+                "kernelspec metadata %s.%s=%r is not a number >= 0; using %s",
                 SPEC_METADATA_KEY,
+                name,
                 value,
-                self.idle_timeout,
+                default,
             )
-            return self.idle_timeout
+            return default
         return float(value)
 
     def to_json(self) -> dict[str, Any]:

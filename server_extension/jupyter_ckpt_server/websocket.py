@@ -255,7 +255,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
 
 def restore_message(report: dict[str, Any]) -> str:
     """What the user reads in the notebook after a restore that was not complete."""
-    lines = []
+    lines = [report["recovery"]] if report.get("recovery") else []
     if report.get("error"):
         lines.append(
             f"jupyter-ckpt: restoring image {report['image_id']} failed: {report['error']}. "

@@ -8,7 +8,9 @@ silent call of :func:`jupyter_ckpt.kernel.background_work`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psutil
@@ -76,7 +78,8 @@ async def kernel_side(manager: CkptManager, kernel_id: str, policy: SuspendPolic
     """The kernel's busy threads and pending tasks; a kernel that does not answer within
     ``activity_timeout`` counts as busy, never as idle."""
     kinds = [k for k in KERNEL_SIDE_KINDS if k in policy.background_work]
-    if not kinds or not manager.kernel_manager.is_running(kernel_id):
+    km = manager.kernel_manager
+    if not kinds or not km.is_running(kernel_id):
         return []
     timeout = min(policy.activity_timeout, policy.check_interval)
     call = f"background_work({kinds!r}, {list(policy.background_thread_ignore)!r})"
@@ -91,18 +94,25 @@ async def kernel_side(manager: CkptManager, kernel_id: str, policy: SuspendPolic
 
 async def quiet_call(manager: CkptManager, kernel_id: str, call: str, timeout: float) -> Any:
     """``manager.kernel_call`` within ``timeout`` (else ``asyncio.TimeoutError``), leaving
-    the kernel's idle clock where it was.
+    the kernel's idle clock where it was (see :func:`idle_clock_kept`)."""
+    async with idle_clock_kept(manager, kernel_id, timeout):
+        return await asyncio.wait_for(manager.kernel_call(kernel_id, call, timeout + 1), timeout)
 
-    The silent call is itself an execute request, which the server counts as activity;
-    unless a client sent the kernel something meanwhile, the kernel's idle clock is put
-    back where it was, so that checking a kernel never keeps it from being suspended.
-    """
+
+@contextlib.asynccontextmanager
+async def idle_clock_kept(
+    manager: CkptManager, kernel_id: str, timeout: float
+) -> AsyncIterator[None]:
+    """Around the server's own silent calls to a kernel. Such a call is itself an execute
+    request, which the server counts as activity; unless a client sent the kernel
+    something meanwhile, the kernel's idle clock is put back where it was, so that the
+    server's checks and autosaves never keep a kernel from being suspended."""
     km = manager.kernel_manager
     kernel = km.get_kernel(kernel_id)
     last, last_any = kernel.last_activity, km.last_kernel_activity
     messages = manager.client_messages[kernel_id]
     try:
-        return await asyncio.wait_for(manager.kernel_call(kernel_id, call, timeout + 1), timeout)
+        yield
     finally:
         await _seen_done(kernel, last, timeout)
         if km.is_running(kernel_id) and manager.client_messages[kernel_id] == messages:

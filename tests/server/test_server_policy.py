@@ -28,6 +28,9 @@ def test_defaults_are_the_designed_ones():
         "background_thread_ignore": [],
         "gpu_busy_percent": 5,
         "activity_timeout": 2,
+        "autosave_interval": 600,
+        "autosave_idle": 30,
+        "autosave_concurrency": 1,
     }
 
 
@@ -57,6 +60,9 @@ def test_config_file_and_command_line():
         ("background_work", ["threads", "disk"], "background_work"),
         ("gpu_busy_percent", 150, "gpu_busy_percent"),
         ("activity_timeout", 0, "activity_timeout must be greater than 0"),
+        ("autosave_interval", -1, "autosave_interval must be at least 0"),
+        ("autosave_idle", -1, "autosave_idle must be at least 0"),
+        ("autosave_concurrency", 0, "autosave_concurrency must be greater than 0"),
     ],
 )
 def test_bad_values_are_refused_with_the_trait_name(trait, value, message):
@@ -78,3 +84,14 @@ def test_bad_values_are_refused_with_the_trait_name(trait, value, message):
 )
 def test_kernelspec_metadata_overrides_idle_timeout(metadata, expected):
     assert SuspendPolicy().idle_timeout_for(metadata) == expected
+
+
+@pytest.mark.parametrize("trait", ["autosave_interval", "autosave_idle"])
+def test_kernelspec_metadata_overrides_autosave_like_idle_timeout(trait):
+    policy = SuspendPolicy()
+    default = getattr(policy, trait)
+    assert policy.for_spec(trait, None) == default
+    assert policy.for_spec(trait, {"jupyter_ckpt": {trait: 5}}) == 5
+    assert policy.for_spec(trait, {"jupyter_ckpt": {trait: 0}}) == 0
+    assert policy.for_spec(trait, {"jupyter_ckpt": {trait: "often"}}) == default
+    assert policy.for_spec(trait, {"jupyter_ckpt": {"idle_timeout": 5}}) == default

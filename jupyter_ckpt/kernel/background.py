@@ -1,0 +1,226 @@
+"""Autosave without a stall: fork the kernel and let the child write the image.
+
+Redis's BGSAVE does the same: ``fork()`` gives the child a copy-on-write snapshot of the
+whole process at one instant, the child serializes it to the store while the parent goes
+on answering the user, and only the pages the parent changes meanwhile are copied.
+
+What a fork does not carry, and how the child lives with it:
+
+- Threads. Only the forking thread exists in the child. The kernel's other threads
+  (ZMQ's I/O threads, IPython's IOPub and history threads, torch/OpenBLAS pools, the
+  user's) are gone, and a lock one of them held stays held forever. So the child never
+  touches the kernel's ZMQ sockets, streams or thread pools: it opens its own
+  :class:`ImageStore` (whose I/O threads it starts itself), sends its output to a log
+  file rather than to the notebook, reports through a result file and leaves with
+  ``os._exit``. An alarm kills a child that blocks on a lock it inherited held; the
+  server then reports that the autosave failed and why.
+- A user thread that ran at the fork is captured as it was at that instant (between
+  two bytecodes: the fork happens with the GIL held); the threads alive are reported.
+- A GPU context. CUDA cannot be used in a forked child, so a kernel with CUDA
+  initialized is saved in the kernel instead (a blocking save), and the stall is
+  measured and reported.
+- Memory. Every page the parent writes during the save is copied, up to the whole
+  state: an autosave is skipped, with the reason, when the free memory is below the
+  state's size.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from .. import image
+from ..image import devices
+from ..store import ImageStore
+from .activity import busy_threads
+from .state import kernel_facts, user_variables
+
+# Seconds a child may run before its alarm kills it (the server gives up at its own
+# checkpoint_timeout, which it passes in).
+DEFAULT_CHILD_TIMEOUT = 600
+# The child yields the CPU to the kernel: a cell the user runs meanwhile comes first.
+CHILD_NICENESS = 10
+
+
+@dataclass
+class Job:
+    """One forked autosave: its child and where the child reports."""
+
+    pid: int
+    directory: str
+    started: float
+    threads: list[str]
+
+    @property
+    def result_path(self) -> str:
+        return os.path.join(self.directory, "result.json")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.directory, "child.log")
+
+
+_job: Job | None = None
+
+
+def fork_blocker() -> str | None:
+    """Why the state cannot be written from a forked child, or None."""
+    if not hasattr(os, "fork"):
+        return "this platform has no fork()"
+    if devices.device_ops.cuda_initialized():
+        return "CUDA is initialized in the kernel and a forked child cannot use it"
+    return None
+
+
+def state_bytes(session: Any) -> int:
+    """What the child may come to hold in copied pages: the last image's logical size
+    when the session wrote or restored one, else the kernel's resident memory."""
+    if session.last_bytes:
+        return int(session.last_bytes)
+    return int(psutil.Process().memory_info().rss)
+
+
+def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> dict[str, Any]:
+    """Start an autosave and return at once: ``{"state": "started", "result": path,
+    "pid": ...}`` for a forked child, ``{"state": "done", ...}`` for a blocking save
+    (with the stall), or ``{"state": "skipped", "reason": ...}``."""
+    global _job
+    collect(session)
+    if _job is not None:
+        return {"state": "skipped", "reason": "an autosave is already running"}
+    blocker = fork_blocker()
+    if blocker is not None:
+        started = time.perf_counter()
+        summary = session.save(name)
+        stall = time.perf_counter() - started
+        return {"state": "done", "mode": "blocking", "reason": blocker, "stall": stall, **summary}
+    need = state_bytes(session)
+    free = psutil.virtual_memory().available
+    if free < need:
+        return {
+            "state": "skipped",
+            "reason": f"free memory ({free >> 20} MiB) is below the state's size "
+            f"({need >> 20} MiB), which a forked save may have to copy",
+        }
+    directory = tempfile.mkdtemp(prefix="ckpt-autosave-")
+    threads = busy_threads()  # user threads: saved as they were at the fork
+    started = time.perf_counter()
+    gc.freeze()  # the child's collector must not write every object's page
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded fork"
+            pid = os.fork()
+        if pid == 0:
+            _child(session, name, directory, timeout)  # never returns
+    finally:
+        gc.unfreeze()
+    _job = Job(pid=pid, directory=directory, started=time.time(), threads=threads)
+    return {
+        "state": "started",
+        "mode": "fork",
+        "pid": pid,
+        "result": _job.result_path,
+        "log": _job.log_path,
+        "fork_seconds": time.perf_counter() - started,
+        "threads_at_fork": threads,
+    }
+
+
+def _child(session: Any, name: str, directory: str, timeout: float) -> None:
+    """Write the image and leave. Runs in the forked child only."""
+    status = 1
+    try:
+        gc.disable()
+        os.nice(CHILD_NICENESS)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the kernel
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(max(1, int(timeout)))
+        log = os.open(os.path.join(directory, "child.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        # the kernel's sys.stdout/stderr publish on IOPub through a thread the child lacks
+        sys.stdout = sys.stderr = open(log, "w", closefd=False)  # noqa: SIM115
+        result = _save(session, name)
+        tmp = os.path.join(directory, "result.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.replace(tmp, os.path.join(directory, "result.json"))
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def _save(session: Any, name: str) -> dict[str, Any]:
+    from . import _describe, summarize_save
+
+    started = time.perf_counter()
+    try:
+        store = ImageStore(config=session.shell.config)  # its own I/O threads
+        manifest = image.capture(
+            user_variables(session.shell),
+            session.shell.user_ns,
+            store.writer(),
+            name=name,
+            exclude=session.excluded,
+            kernel=kernel_facts(session.shell),
+            parent=session.last_image,
+            buffer_bytes=store.buffer_bytes,
+        )
+    except Exception as exc:
+        return {"error": _describe(exc)}
+    return summarize_save(manifest, time.perf_counter() - started)
+
+
+def collect(session: Any) -> dict[str, Any]:
+    """The running autosave's outcome once its child has exited (reaping it): the
+    image becomes the parent of the next one. ``{"state": "running"}`` meanwhile,
+    ``{"state": "none"}`` when there is none."""
+    global _job
+    job = _job
+    if job is None:
+        return {"state": "none"}
+    pid, status = os.waitpid(job.pid, os.WNOHANG)
+    if pid == 0:
+        return {"state": "running", "seconds": time.time() - job.started}
+    _job = None
+    try:
+        result = read_result(job.result_path, job.log_path, os.waitstatus_to_exitcode(status))
+    finally:
+        shutil.rmtree(job.directory, ignore_errors=True)
+    if not result.get("error"):
+        session.last_image = result["id"]
+        session.last_bytes = result["bytes"]
+    return {"state": "done", "mode": "fork", **result}
+
+
+def read_result(result_path: str, log_path: str, exit_code: int | None) -> dict[str, Any]:
+    """The child's summary, or ``{"error": why}`` naming how it ended and its last output.
+    The server reads the same file, without the kernel, to learn that the child finished."""
+    try:
+        with open(result_path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        pass
+    if exit_code is not None and exit_code < 0 and -exit_code == signal.SIGALRM:
+        how = "was stopped by its time limit (a lock held by a thread at the fork?)"
+    elif exit_code is not None and exit_code < 0:
+        how = f"was killed by signal {signal.Signals(-exit_code).name}"
+    else:
+        how = f"exited with status {exit_code} without a result"
+    try:
+        with open(log_path, errors="replace") as f:
+            tail = f.read()[-2000:].strip()
+    except OSError:
+        tail = ""
+    return {"error": f"the autosave process {how}" + (f": {tail}" if tail else "")}

@@ -1,0 +1,225 @@
+"""Background checkpoints (autosave) in a real server with real kernels.
+
+The autosave loop is driven directly (``autosaver.start``) so that what is asserted does
+not depend on timing; the crash test (test_server_crash.py) runs the real loop.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_ckpt_server.autosave import Autosaver
+from server_helpers import get_json, next_event, poll, start_session, text_of
+
+from jupyter_ckpt.errors import ImageNotFound
+from jupyter_ckpt.store import CHUNK_SIZE
+
+TESTS_DIR = Path(__file__).parent.parent
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config: dict[str, Any]) -> dict[str, Any]:
+    # the loop never finds a kernel idle long enough: the tests start autosaves
+    jp_server_config["SuspendPolicy"]["autosave_idle"] = 3600
+    return jp_server_config
+
+
+@pytest.fixture
+def autosaver(jp_serverapp: Any) -> Autosaver:
+    return jp_serverapp.web_app.settings["jupyter_ckpt_autosaver"]
+
+
+async def _autosaved(autosaver: Autosaver, kernel_id: str, events: list, n: int = 1) -> dict:
+    """Run one autosave of ``kernel_id`` to its end; its (n-th) success event."""
+    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    await autosaver.start(kernel_id)
+    found = [e for e in events if e.get("trigger") == "autosave"]
+    assert len(found) == n, found
+    assert found[-1]["status"] == "success", found[-1]
+    return found[-1]
+
+
+async def test_the_kernel_answers_while_a_forked_child_writes_its_image(
+    jp_fetch, manager, autosaver, connect, events
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("import numpy as np\nbig = np.random.default_rng(0).random(2**24)")
+    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    task = autosaver.start(kernel_id)
+    await poll(lambda: autosaver.tracked[kernel_id].child, what="the child to be forked")
+    started = time.perf_counter()
+    reply, outputs = await client.execute("1 + 1")
+    print(f"latency of 1 + 1 during an autosave of 128 MiB: {time.perf_counter() - started:.3f} s")
+    assert (reply["status"], text_of(outputs)) == ("ok", "2")
+    await task
+    event = await next_event(events, "checkpoint", trigger="autosave")
+    assert (event["status"], event["mode"]) == ("success", "fork"), event
+    assert event["bytes"] >= 2**27 and event["written"] >= 2**27
+    manifest = manager.store.verify(event["image_id"])  # the child's image is whole
+    assert manifest["kernel"]["execution_count"] == 2  # the next cell: In[2]
+    record = manager.records.get(kernel_id)
+    assert (record["state"], record["image_id"], record["execution_count"]) == (
+        "running",
+        event["image_id"],
+        2,
+    )
+
+    # a small change: the dedupe writes only its chunk, and the first image is dropped
+    await client.execute("big[:10] = 0\nsmall = 5")
+    second = await _autosaved(autosaver, kernel_id, events, n=2)
+    assert second["written"] <= CHUNK_SIZE + 2**20 and second["bytes"] >= 2**27, second
+    assert manager.records.get(kernel_id)["written"] == second["written"]
+    assert manager.store.open(second["image_id"])["parent"] == event["image_id"]
+    with pytest.raises(ImageNotFound):
+        manager.store.open(event["image_id"])
+    model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+    assert model["ckpt"]["state"] == "running"
+
+
+async def test_cells_run_after_the_autosave_are_kept_in_the_record(
+    jp_fetch, manager, autosaver, connect, events
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    await _autosaved(autosaver, kernel_id, events)
+    assert manager.records.get(kernel_id)["cells_after"] == []
+    await client.execute("y = 1")
+    await client.execute("z = 2")
+
+    def cells() -> list[int]:
+        return manager.records.get(kernel_id).get("cells_after")
+
+    assert await poll(lambda: cells() == [2, 3], what="the record to list In[2], In[3]")
+
+
+async def test_a_thread_holding_a_lock_does_not_stop_the_autosave(
+    jp_fetch, manager, autosaver, connect, events
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute(
+        "import threading\n"
+        "lock, release = threading.Lock(), threading.Event()\n"
+        "def hold():\n"
+        "    with lock:\n"
+        "        release.wait()\n"
+        "holder = threading.Thread(target=hold, daemon=True)\n"
+        "holder.start()\n"
+        "x = 41"
+    )
+    event = await _autosaved(autosaver, kernel_id, events)
+    assert {"lock", "release", "holder"} <= set(event["missing"])
+    assert "a thread started by `hold` is running" in event["msg"], event
+    assert manager.store.open(event["image_id"])["variables"]  # x is in it
+
+    # an object whose pickling waits on the held lock: the child's alarm stops it
+    manager.policy.checkpoint_timeout = 3
+    await client.execute(
+        "class NeedsLock:\n"
+        "    def __reduce__(self):\n"
+        "        with lock:\n"
+        "            return (int, (1,))\n"
+        "stuck = NeedsLock()"
+    )
+    await autosaver.start(kernel_id)
+    failed = await next_event(events, "checkpoint", trigger="autosave", status="error")
+    assert "time limit" in failed["msg"], failed
+    _, outputs = await client.execute("x + 1")
+    assert text_of(outputs) == "42"
+    await client.execute("release.set()")
+
+
+async def test_a_suspend_waits_for_the_autosave_in_progress(
+    jp_fetch, manager, autosaver, connect, events
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("import numpy as np\ndata = np.ones(2**23)")
+    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    autosave = autosaver.start(kernel_id)
+    await poll(lambda: autosaver.tracked[kernel_id].child, what="the child to be forked")
+    client.close()
+    summary = await manager.suspend(kernel_id)
+    assert autosave.done()
+    actions = [(e["action"], e.get("trigger")) for e in events]
+    assert actions.index(("checkpoint", "autosave")) < actions.index(("suspend", "api"))
+    saved = await next_event(events, "checkpoint", trigger="autosave")
+    # the suspend took the autosave's image over: nothing changed since
+    assert summary["id"] == saved["image_id"]
+    record = manager.records.get(kernel_id)
+    # a suspended record (no "running" state) replaced the running one
+    assert (record.get("state"), record["image_id"]) == (None, saved["image_id"])
+
+
+async def test_a_shutdown_or_restart_drops_the_running_record(
+    jp_fetch, manager, autosaver, connect, events
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 1")
+    await _autosaved(autosaver, kernel_id, events)
+    assert manager.records.get(kernel_id)["state"] == "running"
+    await jp_fetch("api", "kernels", kernel_id, "restart", method="POST", body="{}")
+    with pytest.raises(ImageNotFound):
+        manager.records.get(kernel_id)
+
+    client = await connect(kernel_id)
+    await client.execute("x = 2")
+    await _autosaved(autosaver, kernel_id, events, n=2)
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    with pytest.raises(ImageNotFound):
+        manager.records.get(kernel_id)
+    assert manager.records.all() == ({}, {})
+
+
+async def test_autosave_skips_when_free_memory_is_below_the_state(
+    jp_fetch, manager, autosaver, connect, events
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    # the state's size as the kernel knows it: far beyond any machine's memory
+    await client.execute("import jupyter_ckpt.kernel as k\nk.session().last_bytes = 1 << 60\nx = 1")
+    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    await autosaver.start(kernel_id)
+    event = await next_event(events, "checkpoint", trigger="autosave")
+    assert event["status"] == "skipped" and "free memory" in event["msg"], event
+    assert manager.records.all() == ({}, {})
+
+
+async def test_the_scheduler_autosaves_idle_kernels_that_ran_a_cell(
+    jp_fetch, manager, autosaver, connect, events
+):
+    await autosaver.stop()  # this test runs the ticks itself
+    manager.policy.autosave_idle = 0
+    _, kernel_id = await start_session(jp_fetch)
+    assert autosaver.tick() == []  # nothing ran yet
+    client = await connect(kernel_id)
+    await client.execute("x = 1")
+    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    assert autosaver.tick() == [kernel_id]
+    await autosaver.tracked[kernel_id].task
+    assert autosaver.tick() == []  # at most once per interval
+    assert manager.records.get(kernel_id)["state"] == "running"
+
+
+async def test_a_kernel_with_cuda_initialized_saves_in_the_kernel_and_reports_the_stall(
+    jp_fetch, manager, autosaver, connect, events
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute(
+        f"import sys\nsys.path.insert(0, {str(TESTS_DIR)!r})\n"
+        "import fake_devices, torch\n"
+        "ops = fake_devices.install(gpus=1)\n"
+        "weights = torch.ones(1000)\n"
+        "ops.pretend(weights, 'cuda:0')"
+    )
+    event = await _autosaved(autosaver, kernel_id, events)
+    assert event["mode"] == "blocking" and event["stall_seconds"] > 0, event
+    assert "a forked child cannot use it" in event["msg"]
+    assert manager.records.get(kernel_id)["state"] == "running"

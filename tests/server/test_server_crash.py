@@ -1,0 +1,107 @@
+"""A real `jupyter server` with autosave, killed with its kernel: the next server on the
+same store lists the kernel as recovered, and the first cell restores the autosave and
+names the cells that ran after it. A clean stop leaves no such kernel behind."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from server_helpers import ServerProcess, poll, text_of
+
+from jupyter_ckpt.errors import ImageNotFound
+from jupyter_ckpt.store import ImageStore
+
+AUTOSAVE = {"autosave_interval": 3600, "autosave_idle": 0.2, "check_interval": 0.5}
+NOTEBOOK = {"path": "nb.ipynb", "name": "nb.ipynb", "type": "notebook", "kernel": {}}
+
+
+def read_record(tmp_path: Path, kernel_id: str) -> dict[str, Any] | None:
+    store = ImageStore(url=str(tmp_path / "store"), secret_file=str(tmp_path / "secret"))
+    try:
+        return store.records.get(kernel_id)
+    except ImageNotFound:
+        return None
+
+
+def crash(server: ServerProcess) -> None:
+    """SIGKILL the server and its kernels at once, as the OOM killer or a dead node would."""
+    assert server.process is not None
+    root = psutil.Process(server.process.pid)
+    processes = [root, *root.children(recursive=True)]
+    for process in processes:
+        process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(processes, timeout=30)
+    server.process.wait()
+
+
+async def test_a_crashed_kernel_is_recovered_from_its_autosave(tmp_path):
+    server = ServerProcess(tmp_path, AUTOSAVE)
+    await server.start()
+    try:
+        session = await server.fetch("POST", "sessions", NOTEBOOK)
+        kernel_id = session["kernel"]["id"]
+        client = await server.connect(kernel_id)
+        await client.execute("x = 41")
+        record = await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        assert (record["state"], record["execution_count"]) == ("running", 2)
+        await client.execute("y = x + 1")
+        await client.execute("z = 0")
+
+        def cells_after() -> list[int]:
+            return (read_record(tmp_path, kernel_id) or {}).get("cells_after")
+
+        await poll(lambda: cells_after() == [2, 3], what="the record to list In[2], In[3]")
+        client.close()
+    finally:
+        crash(server)
+    (tmp_path / "sessions.db").unlink()  # as on another node: no session database
+
+    await server.start()
+    try:
+        kernels = await poll(lambda: server.get("kernels"), what="the kernel to be listed")
+        assert [(k["id"], k["ckpt"]["state"]) for k in kernels] == [(kernel_id, "suspended")]
+        recovered = kernels[0]["ckpt"]["recovered"]
+        assert recovered["autosave_at"] == record["autosave_at"]
+        assert recovered["crashed_after"] >= record["autosave_at"]
+        sessions = await server.get("sessions")
+        assert [(s["id"], s["kernel"]["id"]) for s in sessions] == [(session["id"], kernel_id)]
+
+        client = await server.connect(kernel_id)
+        reply, outputs = await client.execute("x + 1")
+        text = text_of(outputs)
+        assert reply["status"] == "ok" and "42" in text, text
+        assert "restored from the autosave of" in text
+        assert "cells run after it, whose effects are lost: In[2], In[3]" in text
+        reply, _ = await client.execute("y")  # ran after the autosave: lost
+        assert reply["ename"] == "NameError"
+        client.close()
+    finally:
+        server.terminate()
+
+
+@pytest.mark.parametrize("suspend_on_shutdown", [False, True])
+async def test_a_clean_stop_leaves_no_recoverable_kernel(tmp_path, suspend_on_shutdown):
+    server = ServerProcess(tmp_path, {**AUTOSAVE, "suspend_on_shutdown": suspend_on_shutdown})
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+    finally:
+        server.terminate()
+
+    await server.start()
+    try:
+        if suspend_on_shutdown:
+            kernels = await poll(lambda: server.get("kernels"), what="the kernel listed")
+            assert [(k["id"], k["ckpt"]["state"]) for k in kernels] == [(kernel_id, "suspended")]
+            assert "recovered" not in kernels[0]["ckpt"]
+        else:  # shut down: gone
+            assert await server.get("kernels") == []
+            assert read_record(tmp_path, kernel_id) is None
+    finally:
+        server.terminate()
