@@ -150,6 +150,8 @@ class Autosaver(LoggingConfigurable):
         if kernel_id in km.ckpt_states or kernel_id in manager._restores:
             return False
         kernel = km.get_kernel(kernel_id)
+        if kernel.kernel_name in self.policy.exclude_kernel_names:
+            return False  # never saved, neither by a suspend nor in the background
         metadata = kernel.kernel_spec.metadata
         interval = self.policy.for_spec("autosave_interval", metadata)
         if interval == 0 or time.monotonic() - tracked.saved_at < interval:

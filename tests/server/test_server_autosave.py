@@ -207,6 +207,20 @@ async def test_the_scheduler_autosaves_idle_kernels_that_ran_a_cell(
     assert manager.records.get(kernel_id)["state"] == "running"
 
 
+async def test_kernels_of_excluded_specs_are_never_autosaved(jp_fetch, manager, autosaver, connect):
+    await autosaver.stop()  # this test runs the ticks itself
+    manager.policy.autosave_idle = 0
+    _, kernel_id = await start_session(jp_fetch)
+    manager.policy.exclude_kernel_names = [manager.kernel_manager.get_kernel(kernel_id).kernel_name]
+    client = await connect(kernel_id)
+    await client.execute("x = 1")
+    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    assert autosaver.tick() == []
+    manager.policy.exclude_kernel_names = []
+    assert autosaver.tick() == [kernel_id]  # the same kernel, once its spec is not excluded
+    await autosaver.tracked[kernel_id].task
+
+
 async def test_a_kernel_with_cuda_initialized_saves_in_the_kernel_and_reports_the_stall(
     jp_fetch, manager, autosaver, connect, events
 ):
