@@ -273,6 +273,17 @@ export class KernelStatusModel {
           this._restoring.delete(id);
         }
       }
+      // a suspend or restore the server no longer reports under way has ended, even if
+      // its outcome's event was missed (a reconnect): its progress goes with it
+      for (const [id, progress] of [...this._progress]) {
+        const state = this._kernels.get(id)?.state;
+        if (
+          (progress.phase === 'suspend' && state !== 'suspending') ||
+          (progress.phase === 'restore' && state !== 'restoring')
+        ) {
+          this._progress.delete(id);
+        }
+      }
       this._available = true;
     } catch (reason) {
       this._available = false;

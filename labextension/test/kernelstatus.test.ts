@@ -437,6 +437,26 @@ describe('progress of an image being written or read', () => {
     expect(m.describe('k1', Date.now())?.text).toMatch(/^Restoring… \d+ s$/);
   });
 
+  it("drops a restore's progress once the server no longer reports it", async () => {
+    const states: IKernelStatus['state'][] = [
+      'restoring',
+      'restoring',
+      'running'
+    ];
+    let call = 0;
+    const m = new KernelStatusModel({
+      status: async () => ({
+        kernels: [{ kernel_id: 'k1', state: states[call++] }]
+      })
+    });
+    await m.refresh();
+    m.noteEvent(event('restore', 1.2 * GB, 4 * GB));
+    await m.refresh();
+    expect(m.progress('k1')?.done).toBe(1.2 * GB);
+    await m.refresh(); // its outcome's event was missed
+    expect(m.progress('k1')).toBeUndefined();
+  });
+
   it('says what is written while a suspend or a checkpoint runs', () => {
     const p = { done: 120 * MB, total: 512 * MB };
     expect(
