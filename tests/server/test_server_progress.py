@@ -63,3 +63,19 @@ async def test_suspend_and_restore_report_bytes_done_of_the_total(
     # the kernel's files are private to the server's user, and gone once read
     assert stat.S_IMODE(os.stat(manager.progress_dir).st_mode) == 0o700
     assert os.listdir(manager.progress_dir) == []
+
+
+async def test_without_a_progress_directory_a_checkpoint_sends_no_progress(
+    jp_fetch, connect, manager, events, tmp_path
+):
+    """Progress is a courtesy: where its files cannot be kept, saves go on without it."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    manager.progress.directory = str(blocker / "progress")
+    _, kernel_id = await start_session(jp_fetch)
+    reply, _ = await (await connect(kernel_id)).execute("x = list(range(1000))")
+    assert reply["status"] == "ok"
+    summary = await manager.checkpoint(kernel_id)
+    assert "x" in summary["saved"]
+    await next_event(events, "checkpoint", kernel_id=kernel_id, status="success")
+    assert [e for e in events if e["action"] == "progress"] == []
