@@ -83,13 +83,8 @@ function activate(
     if (event.schema_id !== EVENT_SCHEMA) {
       return;
     }
-    const ckptEvent = event as unknown as ICkptEvent;
-    kernels.noteEvent(ckptEvent);
-    if (ckptEvent.action === 'progress') {
-      return; // a few a second while an image moves: nothing to reload yet
-    }
     void poll.refresh();
-    const notice = eventNotice(ckptEvent);
+    const notice = eventNotice(event as unknown as ICkptEvent);
     if (notice) {
       Notification.error(notice, { autoClose: false });
     }
