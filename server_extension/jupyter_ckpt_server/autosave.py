@@ -39,6 +39,10 @@ from .recovery import server_identity
 from .work import idle_clock_kept
 
 RECORD_REFRESH_SECONDS = 5.0
+# how long a started kernel's watch may take to receive its first message, and how often
+# kernel info is asked for meanwhile
+JOIN_TIMEOUT = 30.0
+JOIN_NUDGE_SECONDS = 0.5
 # how often the child's result file is looked for
 RESULT_POLL_SECONDS = 0.1
 
@@ -52,6 +56,8 @@ class Tracked:
     """What the server knows of one running kernel between autosaves."""
 
     stream: Any  # the autosaver's own iopub subscription
+    # set by the stream's first message: from then on no execute_input is missed
+    joined: asyncio.Event = field(default_factory=asyncio.Event)
     # numbers of the cells (In[n]) run since the last autosave's image
     executed: list[int] = field(default_factory=list)
     # when the last autosave ended: none yet, so the first comes once a cell ran
@@ -78,6 +84,7 @@ class Autosaver(LoggingConfigurable):
         self.identity = server_identity()
         km = self.manager.kernel_manager
         km.on_watch = self.watch
+        km.after_start = self.joined
         self.manager.before_suspend = self.before_suspend
         inner = km.before_action
 
@@ -111,11 +118,36 @@ class Autosaver(LoggingConfigurable):
             msg = session.deserialize(parts, content=False)
             # a restart keeps the stream but starts the kernel's tracking afresh
             tracked = self.tracked.get(kernel_id)
+            if tracked is not None:
+                tracked.joined.set()
             if tracked is not None and msg["header"]["msg_type"] == "execute_input":
                 tracked.executed.append(json.loads(msg["content"])["execution_count"])
                 self._schedule_refresh(kernel_id, tracked)
 
         stream.on_recv(on_iopub)
+
+    async def joined(self, kernel_id: str) -> None:
+        """Wait until the watch of a kernel just started receives its messages.
+
+        A ZMQ subscriber misses what the kernel publishes before its subscription reaches
+        the kernel (the "slow joiner"): a first cell run meanwhile would go unseen and the
+        kernel never autosaved. As jupyter_server's websocket does before it forwards
+        output, ask for kernel info until a message arrives (ipykernel 7 also greets each
+        new subscriber); the reply is kept for the kernel's record."""
+        tracked = self.tracked.get(kernel_id)
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while tracked is not None and not tracked.joined.is_set():
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise SuspendFailed(f"no message within {JOIN_TIMEOUT:.0f} s")
+                tracked.kernel_info = await self.manager._request(kernel_id, "kernel_info", left)
+                await asyncio.wait_for(tracked.joined.wait(), min(JOIN_NUDGE_SECONDS, left))
+            except asyncio.TimeoutError:
+                continue
+            except SuspendFailed as exc:
+                self.log.warning("Autosave may miss the cells of kernel %s: %s", kernel_id, exc)
+                return
 
     def _forget(self, tracked: Tracked) -> None:
         self._stop_work(tracked)

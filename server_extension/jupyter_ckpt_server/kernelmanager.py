@@ -64,6 +64,9 @@ class CkptKernelManager(AsyncMappingKernelManager):
         # called with (kernel id, True) once the server watches a started or restarted
         # kernel's iopub, (kernel id, False) when it stops: the autosaver watches it too
         self.on_watch: Callable[[str, bool], None] | None = None
+        # awaited once a started or restarted kernel is watched, before it is handed out:
+        # the autosaver makes sure its watch sees the first cell
+        self.after_start: Callable[[str], Awaitable[None]] | None = None
 
     def __contains__(self, kernel_id: object) -> bool:
         if kernel_id in self._kernels:
@@ -188,6 +191,8 @@ class CkptKernelManager(AsyncMappingKernelManager):
         kernel_id = await super()._async_start_kernel(
             kernel_id=kernel_id, path=path, env=env, **kwargs
         )
+        if self.after_start is not None:
+            await self.after_start(kernel_id)
         self.launch[kernel_id] = {
             "kernel_name": self.get_kernel(kernel_id).kernel_name,
             "path": path,
@@ -243,7 +248,10 @@ class CkptKernelManager(AsyncMappingKernelManager):
         if not self._has_no_process(kernel_id):
             if kernel_id in self.failed_restores or kernel_id in self.suspended:
                 await self._discard(kernel_id)
-            return await super()._async_restart_kernel(kernel_id, now=now)
+            restarted = await super()._async_restart_kernel(kernel_id, now=now)
+            if self.after_start is not None:
+                await self.after_start(kernel_id)
+            return restarted
         record = self.suspended[kernel_id]
         await self._async_shutdown_kernel(kernel_id)
         await self._async_start_kernel(

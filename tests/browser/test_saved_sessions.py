@@ -168,10 +168,16 @@ def test_resume_without_its_notebook_opens_a_console(page: Page, lab: Lab) -> No
     row.get_by_role("button", name="Resume gone.ipynb").click()
     console = page.locator(".jp-CodeConsole")
     expect(console).to_be_visible(timeout=RESTORE_WAIT)
+    # the console clears its cells when it connects to its kernel: a cell run before
+    # that (nothing to run it on) would vanish; the kernel's banner shows it connected
+    expect(console.locator(".jp-CodeConsole-banner")).to_contain_text(
+        "IPython", timeout=RESTORE_WAIT
+    )
     prompt = console.locator(".jp-CodeConsole-promptCell")
     prompt.locator(".cm-content").click()
     expect(prompt.locator(".cm-editor")).to_have_class(re.compile(r"\bcm-focused\b"))
     page.keyboard.type("z * 2")
+    expect(prompt.locator(".cm-content")).to_have_text("z * 2")
     page.keyboard.press("Shift+Enter")
     expect(console.locator(".jp-CodeConsole-content .jp-OutputArea-output")).to_have_text(
         "10", timeout=RESTORE_WAIT

@@ -19,7 +19,7 @@ from jupyter_ckpt_server.manager import CkptManager
 from jupyter_ckpt_server.monitor import IdleMonitor
 from jupyter_client.session import Session
 from pytest_jupyter.jupyter_server import *  # noqa: F403
-from server_helpers import Client, python_kernelspec
+from server_helpers import Client, ServerProcess, python_kernelspec
 
 SERVER_CONFIG = {
     "ServerApp": {
@@ -33,6 +33,18 @@ SERVER_CONFIG = {
         "suspend_on_shutdown": False,
     },
 }
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """A failing test's report ends with the logs of the servers it ran as processes."""
+    report = (yield).get_result()
+    if report.failed:
+        for server in ServerProcess.of_test:
+            if server.log_path.exists():
+                report.sections.append((f"server log {server.tmp}", server.log()[-20_000:]))
+    if report.when == "teardown":
+        ServerProcess.of_test.clear()
 
 
 @pytest.fixture

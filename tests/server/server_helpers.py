@@ -165,6 +165,9 @@ class ServerProcess:
     ``policy`` adds SuspendPolicy settings, ``env`` environment variables; ``start()``
     takes Popen arguments (a terminal as stdin, a new session) for the stop paths."""
 
+    # the servers of the running test: a failing test's report shows their logs
+    of_test: ClassVar[list[ServerProcess]] = []
+
     def __init__(
         self, tmp: Path, policy: dict[str, Any] | None = None, env: dict[str, str] | None = None
     ) -> None:
@@ -195,6 +198,7 @@ class ServerProcess:
         }
         self.log_path = tmp / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.of_test.append(self)
 
     async def start(self, **popen: Any) -> None:
         self.process = subprocess.Popen(
