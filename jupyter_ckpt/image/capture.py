@@ -189,6 +189,8 @@ def _write_stream(names: list[str], stream: Stream, writer: Any, part: int) -> l
     """
     if not names:
         return []
+    # what will be written, as far as known before it is: every pickled byte and buffer
+    writer.progress.expect(stream.out.size + sum(b.nbytes for b in stream.buffers))
     pack = bytearray()
     pack_refs: list[list[Any]] = []
     placed: dict[int, list[Any]] = {}  # a device buffer reached twice goes once

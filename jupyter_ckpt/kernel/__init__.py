@@ -14,6 +14,7 @@ from typing import Any
 from .. import image
 from ..errors import CkptError
 from ..store import ImageStore, check_ref
+from ..store.progress import Progress
 from . import background
 from .activity import background_work as background_work
 from .state import apply_kernel_facts, kernel_facts, kernel_id, user_variables
@@ -49,10 +50,11 @@ class KernelSession:
             self._store = ImageStore(config=self.shell.config)
         return self._store
 
-    def save(self, name: str | None = None) -> dict[str, Any]:
+    def save(self, name: str | None = None, progress: str | None = None) -> dict[str, Any]:
         """Write an image; a failure comes back as ``{"error": why}``, not raised. An
         exception would stay in ``sys.last_traceback`` (IPython keeps the last one), and
-        with it every copy the failed save's frames held."""
+        with it every copy the failed save's frames held. ``progress``: a file to keep
+        the bytes written in (see :mod:`jupyter_ckpt.store.progress`)."""
         started = time.perf_counter()
         background.collect(self)  # a finished autosave's image is the parent
         try:
@@ -61,7 +63,7 @@ class KernelSession:
             manifest = image.capture(
                 user_variables(self.shell),
                 self.shell.user_ns,
-                self.store.writer(),
+                self.store.writer(Progress(progress)),
                 name=name,
                 exclude=self.excluded,
                 kernel=kernel_facts(self.shell),
@@ -92,11 +94,14 @@ class KernelSession:
             if name not in self.excluded and name in namespace and id(namespace[name]) == value_id
         )
 
-    def restore(self, ref: str, map_location: str | None = None) -> dict[str, Any]:
+    def restore(
+        self, ref: str, map_location: str | None = None, progress: str | None = None
+    ) -> dict[str, Any]:
         started = time.perf_counter()
         manifest = self.store.open(ref)
-        segments = self.store.read_segments(manifest)
+        segments = self.store.read_segments(manifest, Progress(progress))
         report = image.restore(manifest, segments, self.shell.user_ns, map_location=map_location)
+        segments.progress.finish()
         report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
@@ -146,12 +151,14 @@ def session() -> KernelSession:
     return _session
 
 
-def checkpoint(name: str | None = None) -> dict[str, Any]:
-    return session().save(name)
+def checkpoint(name: str | None = None, progress: str | None = None) -> dict[str, Any]:
+    return session().save(name, progress)
 
 
-def restore(ref: str, map_location: str | None = None) -> dict[str, Any]:
-    return session().restore(ref, map_location)
+def restore(
+    ref: str, map_location: str | None = None, progress: str | None = None
+) -> dict[str, Any]:
+    return session().restore(ref, map_location, progress)
 
 
 def still_unsaveable() -> list[str]:

@@ -46,6 +46,7 @@ from .layout import (
     manifest_path,
 )
 from .leases import Lease, live_leases
+from .progress import Progress
 from .reading import Segments, allocate
 from .records import KernelRecords
 from .rekey import Outcome, rekey
@@ -203,8 +204,8 @@ class ImageStore(LoggingConfigurable):
 
     # -- writing -------------------------------------------------------------------------
 
-    def writer(self) -> ImageWriter:
-        return ImageWriter(self)
+    def writer(self, progress: Progress | None = None) -> ImageWriter:
+        return ImageWriter(self, progress)
 
     def _put_chunk(
         self, data: memoryview, claim: Callable[[str], bool], chunks: Chunks | None = None
@@ -291,10 +292,10 @@ class ImageStore(LoggingConfigurable):
     def open(self, ref: str) -> dict[str, Any]:
         return self.load_manifest(self.resolve(ref))
 
-    def read_segments(self, manifest: dict[str, Any]) -> Segments:
+    def read_segments(self, manifest: dict[str, Any], progress: Progress | None = None) -> Segments:
         """The image's segments, each read and verified when first used and dropped after
         its last use, so a restore holds one group's data at a time, not the image."""
-        return Segments(manifest, self.chunk_reader(manifest), self._pool)
+        return Segments(manifest, self.chunk_reader(manifest), self._pool, progress)
 
     def chunk_reader(
         self, manifest: dict[str, Any], forms: dict[str, Chunks] | None = None

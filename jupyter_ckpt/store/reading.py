@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, overload
 
+from .progress import Progress
+
 
 def allocate(nbytes: int) -> memoryview:
     """A writable, page-aligned buffer that is not zero-filled up front.
@@ -45,9 +47,13 @@ class Segments(Sequence[memoryview]):
         manifest: dict[str, Any],
         read_chunk: Callable[[str, memoryview], None],
         pool: ThreadPoolExecutor,
+        progress: Progress | None = None,
     ) -> None:
         self._segments = manifest["segments"]
         self._read_chunk = read_chunk
+        # bytes read of the image's (a segment asked for again is read, and counted, again)
+        self.progress = progress or Progress()
+        self.progress.expect(sum(s["size"] for s in self._segments))
         self._pool = pool
         self._left = _uses(manifest)
         self._held: dict[int, memoryview] = {}
@@ -81,8 +87,12 @@ class Segments(Sequence[memoryview]):
         jobs = []
         offset = 0
         for digest, size in segment["chunks"]:
-            jobs.append(self._pool.submit(self._read_chunk, digest, buf[offset : offset + size]))
+            jobs.append(self._pool.submit(self._read_counted, digest, buf[offset : offset + size]))
             offset += size
         for job in jobs:
             job.result()
         return buf
+
+    def _read_counted(self, digest: str, out: memoryview) -> None:
+        self._read_chunk(digest, out)
+        self.progress.add(len(out))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError
 from .layout import CHUNK_SIZE, Buffer, chunk_path, manifest_path
+from .progress import Progress
 
 if TYPE_CHECKING:
     from .imagestore import ImageStore
@@ -25,8 +26,11 @@ class ImageWriter:
     keeps gc from removing chunks it may be reusing.
     """
 
-    def __init__(self, store: ImageStore) -> None:
+    def __init__(self, store: ImageStore, progress: Progress | None = None) -> None:
         self.store = store
+        # bytes written of those queued (or announced with progress.expect)
+        self.progress = progress or Progress()
+        self._queued = 0
         self.image_id = uuid.uuid4().hex
         self._segments: list[tuple[int, list[Future[tuple[str, int, str | None]]]]] = []
         # Digests this image already writes: equal chunks (zeros, repeated data) are written
@@ -78,10 +82,17 @@ class ImageWriter:
             # Released by commit or abandon, or when a failed save drops the writer.
             self._lease = weakref.finalize(self, self.store.lease().release)
         submit: Callable[..., Future[tuple[str, int, str | None]]] = self.store._pool.submit
+        self._queued += len(view)
+        self.progress.expect(self._queued)
         return [
-            submit(self.store._put_chunk, view[i : i + CHUNK_SIZE], self._claim)
+            submit(self._put_chunk, view[i : i + CHUNK_SIZE])
             for i in range(0, len(view), CHUNK_SIZE)
         ]
+
+    def _put_chunk(self, data: memoryview) -> tuple[str, int, str | None]:
+        result = self.store._put_chunk(data, self._claim)
+        self.progress.add(len(data))
+        return result
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
         segments = []
@@ -122,6 +133,7 @@ class ImageWriter:
             self._check_chunks(manifest)
         finally:
             self._release()
+        self.progress.finish()
         return manifest
 
     def _check_chunks(self, manifest: dict[str, Any]) -> None:

@@ -3,8 +3,8 @@
 import * as React from 'react';
 
 import { formatBytes } from './format';
-import { recoveredTitle } from './kernelstatus';
-import { ICompatibility, IKernelStatus, Verdict } from './types';
+import { progressText, recoveredTitle } from './kernelstatus';
+import { ICompatibility, IKernelStatus, IProgress, Verdict } from './types';
 
 /** "recovered after a crash" on the entry of a kernel its server did not suspend. */
 export function RecoveredBadge({
@@ -69,4 +69,26 @@ export function gpuNeed(
   }
   const parts = [model, memory ? formatBytes(memory) : null].filter(Boolean);
   return `needs a GPU (${parts.join(', ')})`;
+}
+
+/** How far the entry's image is written or read: a bar and "Restoring · 1.2 GB of 4.0 GB". */
+export function ProgressLine({
+  progress
+}: {
+  progress: IProgress | undefined;
+}): JSX.Element | null {
+  if (!progress) {
+    return null;
+  }
+  const label = progressText(progress);
+  return (
+    <div className="jp-CkptRow-progress" role="status">
+      <progress
+        value={progress.done}
+        max={progress.total || undefined}
+        aria-label={label}
+      />
+      <span>{label}</span>
+    </div>
+  );
 }

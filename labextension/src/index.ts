@@ -83,8 +83,13 @@ function activate(
     if (event.schema_id !== EVENT_SCHEMA) {
       return;
     }
+    const ckptEvent = event as unknown as ICkptEvent;
+    kernels.noteEvent(ckptEvent);
+    if (ckptEvent.action === 'progress') {
+      return; // a few a second while an image moves: nothing to reload yet
+    }
     void poll.refresh();
-    const notice = eventNotice(event as unknown as ICkptEvent);
+    const notice = eventNotice(ckptEvent);
     if (notice) {
       Notification.error(notice, { autoClose: false });
     }

@@ -3,7 +3,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { exactTime, formatBytes, formatDuration, relativeTime } from './format';
-import { ICkptApi, ICkptEvent, IKernelStatus } from './types';
+import { ICkptApi, ICkptEvent, IKernelStatus, IProgress } from './types';
 
 export interface IStatusText {
   state: 'running' | 'blocked' | 'suspending' | 'suspended' | 'restoring';
@@ -22,7 +22,8 @@ export function describeKernel(
   status: IKernelStatus,
   fetchedAt: number,
   now: number,
-  restoringSince?: number
+  restoringSince?: number,
+  progress?: IProgress
 ): IStatusText {
   if (status.state === 'restoring' || restoringSince !== undefined) {
     const elapsed = formatDuration(
@@ -31,7 +32,10 @@ export function describeKernel(
     const image = status.image ? ` from image ${status.image}` : '';
     return {
       state: 'restoring',
-      text: `Restoring… ${elapsed}`,
+      text:
+        progress?.phase === 'restore'
+          ? progressText(progress)
+          : `Restoring… ${elapsed}`,
       title: `Restoring the kernel's variables${image}; running for ${elapsed}. The cell runs when they are back.`
     };
   }
@@ -51,9 +55,20 @@ export function describeKernel(
   if (status.state === 'suspending') {
     return {
       state: 'suspending',
-      text: 'Suspending…',
+      text:
+        progress?.phase === 'suspend' ? progressText(progress) : 'Suspending…',
       title:
         'Writing the kernel to an image; it shuts down when the image is saved.'
+    };
+  }
+  if (progress?.phase === 'checkpoint' || progress?.phase === 'resume') {
+    return {
+      state: 'running',
+      text: progressText(progress),
+      title:
+        progress.phase === 'checkpoint'
+          ? "Writing the kernel's variables to an image; the kernel keeps running."
+          : "Reading the kernel's variables from the image it resumes."
     };
   }
   const gpuBytes = status.gpu?.bytes ?? 0;
@@ -85,6 +100,18 @@ export function describeKernel(
     text: [gpu, when].filter(Boolean).join(' · '),
     title: `Idle kernels are saved to an image and shut down after ${formatDuration(status.idle_timeout ?? 0)}; running a cell resets the clock.`
   };
+}
+
+const PHASES: Record<IProgress['phase'], string> = {
+  checkpoint: 'Saving kernel state',
+  suspend: 'Suspending',
+  restore: 'Restoring',
+  resume: 'Resuming'
+};
+
+/** "Restoring · 1.2 GB of 4.0 GB": how far an image is written or read. */
+export function progressText(progress: IProgress): string {
+  return `${PHASES[progress.phase]} · ${formatBytes(progress.done)} of ${formatBytes(progress.total)}`;
 }
 
 /** What the monitor's reasons (which name the settings behind them) say in plain words. */
@@ -176,9 +203,34 @@ export class KernelStatusModel {
           status,
           this._fetchedAt.get(kernelId) ?? now,
           now,
-          this._restoring.get(kernelId)
+          this._restoring.get(kernelId),
+          this._progress.get(kernelId)
         )
       : null;
+  }
+
+  /** How far the kernel's image is written or read, while that is under way. */
+  progress(kernelId: string): IProgress | undefined {
+    return this._progress.get(kernelId);
+  }
+
+  /** Follow a server event: progress while an image is written or read, until the
+   * event of the action's outcome for the same kernel ends it. */
+  noteEvent(event: ICkptEvent): void {
+    const id = event.kernel_id;
+    if (!id) {
+      return;
+    }
+    if (event.action === 'progress' && event.phase) {
+      this._progress.set(id, {
+        phase: event.phase,
+        done: event.bytes_done ?? 0,
+        total: event.bytes_total ?? 0
+      });
+      this._changed.emit();
+    } else if (this._progress.delete(id)) {
+      this._changed.emit();
+    }
   }
 
   /** Fetch the status of every kernel, or of `kernelId` alone (its background work and
@@ -221,6 +273,17 @@ export class KernelStatusModel {
           this._restoring.delete(id);
         }
       }
+      // a suspend or restore the server no longer reports under way has ended, even if
+      // its outcome's event was missed (a reconnect): its progress goes with it
+      for (const [id, progress] of [...this._progress]) {
+        const state = this._kernels.get(id)?.state;
+        if (
+          (progress.phase === 'suspend' && state !== 'suspending') ||
+          (progress.phase === 'restore' && state !== 'restoring')
+        ) {
+          this._progress.delete(id);
+        }
+      }
       this._available = true;
     } catch (reason) {
       this._available = false;
@@ -235,6 +298,7 @@ export class KernelStatusModel {
   private _changed = new Signal<this, void>(this);
   private _kernels = new Map<string, IKernelStatus>();
   private _restoring = new Map<string, number>();
+  private _progress = new Map<string, IProgress>();
   private _fetchedAt = new Map<string, number>();
   private _available = false;
   private _pending = new Map<string, Promise<void>>();

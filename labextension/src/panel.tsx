@@ -10,7 +10,7 @@ import * as React from 'react';
 
 import { exactTime, formatBytes, relativeTime, shortId } from './format';
 import { ckptIcon } from './icon';
-import { Compatibility, gpuNeed, RecoveredBadge } from './badges';
+import { Compatibility, gpuNeed, ProgressLine, RecoveredBadge } from './badges';
 import { KernelStatusModel } from './kernelstatus';
 import {
   changeSince,
@@ -254,6 +254,11 @@ export class SavedSessionsPanel extends ReactWidget {
           </div>
         )}
         <div className="jp-CkptRow-facts">{facts}</div>
+        {row.suspendedKernel && (
+          <ProgressLine
+            progress={this._kernels.progress(row.suspendedKernel)}
+          />
+        )}
         <Compatibility compat={image.compatibility} id={image.id} />
         {image.lost && image.lost.length > 0 && (
           <p className="jp-CkptRow-problem">

@@ -103,11 +103,23 @@ export interface IWriteReply {
 /** A jupyter_events record of the schema below, as the event stream delivers it. */
 export interface ICkptEvent {
   schema_id: string;
-  action: 'checkpoint' | 'suspend' | 'restore' | 'resume' | 'delete';
-  status: 'success' | 'error';
+  action:
+    'checkpoint' | 'suspend' | 'restore' | 'resume' | 'delete' | 'progress';
+  status: 'success' | 'error' | 'running';
   kernel_id?: string;
   image_id?: string;
   msg?: string;
+  /** Progress events: the action under way, and how far its image's bytes are. */
+  phase?: 'checkpoint' | 'suspend' | 'restore' | 'resume';
+  bytes_done?: number;
+  bytes_total?: number;
+}
+
+/** How far a kernel's image is written or read, from its latest progress event. */
+export interface IProgress {
+  phase: NonNullable<ICkptEvent['phase']>;
+  done: number;
+  total: number;
 }
 
 export const EVENT_SCHEMA = 'https://events.jupyter.org/jupyter_ckpt/v1';

@@ -2,7 +2,12 @@ import * as React from 'react';
 import { renderToStaticMarkup } from 'react-dom/server';
 import { describe, expect, it } from 'vitest';
 
-import { Compatibility, gpuNeed, RecoveredBadge } from '../src/badges';
+import {
+  Compatibility,
+  gpuNeed,
+  ProgressLine,
+  RecoveredBadge
+} from '../src/badges';
 
 describe('RecoveredBadge', () => {
   it('marks a kernel recovered after a crash, with when it was autosaved', () => {
@@ -61,5 +66,20 @@ describe('gpuNeed', () => {
     );
     expect(gpuNeed('cuda:0', undefined)).toBe('needs a GPU (cuda:0)');
     expect(gpuNeed(undefined, undefined)).toBeNull();
+  });
+});
+
+describe('ProgressLine', () => {
+  it('shows a bar and the bytes, or nothing when no image is moving', () => {
+    const html = renderToStaticMarkup(
+      <ProgressLine
+        progress={{ phase: 'restore', done: 500_000_000, total: 2_000_000_000 }}
+      />
+    );
+    expect(html).toContain('<progress value="500000000" max="2000000000"');
+    expect(html).toContain('Restoring · 500 MB of 2.0 GB');
+    expect(renderToStaticMarkup(<ProgressLine progress={undefined} />)).toBe(
+      ''
+    );
   });
 });

@@ -8,6 +8,7 @@ import {
   eventNotice,
   KernelStatusModel,
   plainBlocker,
+  progressText,
   recoveredTitle,
   suspendWarning,
   unsaveableText,
@@ -384,5 +385,93 @@ describe('commandBlocked', () => {
       'server extension not answering'
     );
     expect(commandBlocked('k1', suspended, true)).toBeNull();
+  });
+});
+
+describe('progress of an image being written or read', () => {
+  const MB = 1_000_000;
+  const GB = 1000 * MB;
+  const event = (
+    phase: 'checkpoint' | 'suspend' | 'restore',
+    done: number,
+    total: number
+  ) => ({
+    schema_id: EVENT_SCHEMA,
+    action: 'progress' as const,
+    status: 'running' as const,
+    kernel_id: 'k1',
+    phase,
+    bytes_done: done,
+    bytes_total: total
+  });
+
+  it('says bytes done of the total, as the panel formats sizes', () => {
+    expect(
+      progressText({ phase: 'checkpoint', done: 120 * MB, total: 512 * MB })
+    ).toBe('Saving kernel state · 120 MB of 512 MB');
+    expect(
+      progressText({ phase: 'restore', done: 1.2 * GB, total: 4 * GB })
+    ).toBe('Restoring · 1.2 GB of 4.0 GB');
+  });
+
+  it('shows the latest progress until the outcome, then falls back to the time', async () => {
+    const m = new KernelStatusModel({
+      status: async () => ({
+        kernels: [{ kernel_id: 'k1', state: 'restoring' as const }]
+      })
+    });
+    await m.refresh();
+    expect(m.describe('k1', Date.now())?.text).toMatch(/^Restoring… \d+ s$/);
+    m.noteEvent(event('restore', 0.5 * GB, 4 * GB));
+    m.noteEvent(event('restore', 1.2 * GB, 4 * GB));
+    expect(m.describe('k1', Date.now())?.text).toBe(
+      'Restoring · 1.2 GB of 4.0 GB'
+    );
+    m.noteEvent({
+      schema_id: EVENT_SCHEMA,
+      action: 'restore',
+      status: 'success',
+      kernel_id: 'k1'
+    });
+    expect(m.progress('k1')).toBeUndefined();
+    expect(m.describe('k1', Date.now())?.text).toMatch(/^Restoring… \d+ s$/);
+  });
+
+  it("drops a restore's progress once the server no longer reports it", async () => {
+    const states: IKernelStatus['state'][] = [
+      'restoring',
+      'restoring',
+      'running'
+    ];
+    let call = 0;
+    const m = new KernelStatusModel({
+      status: async () => ({
+        kernels: [{ kernel_id: 'k1', state: states[call++] }]
+      })
+    });
+    await m.refresh();
+    m.noteEvent(event('restore', 1.2 * GB, 4 * GB));
+    await m.refresh();
+    expect(m.progress('k1')?.done).toBe(1.2 * GB);
+    await m.refresh(); // its outcome's event was missed
+    expect(m.progress('k1')).toBeUndefined();
+  });
+
+  it('says what is written while a suspend or a checkpoint runs', () => {
+    const p = { done: 120 * MB, total: 512 * MB };
+    expect(
+      describeKernel(running({ state: 'suspending' }), T0, T0, undefined, {
+        phase: 'suspend',
+        ...p
+      }).text
+    ).toBe('Suspending · 120 MB of 512 MB');
+    const saving = describeKernel(running(), T0, T0, undefined, {
+      phase: 'checkpoint',
+      ...p
+    });
+    expect([saving.state, saving.text]).toEqual([
+      'running',
+      'Saving kernel state · 120 MB of 512 MB'
+    ]);
   });
 });

@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
 from typing import Any
 
+from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_core.utils import ensure_async
 from traitlets import Any as AnyTrait
 from traitlets import Float, Instance, Unicode, default
@@ -32,6 +33,7 @@ from jupyter_ckpt.store import ImageStore
 
 from .kernelmanager import CkptKernelManager, restoring
 from .policy import SuspendPolicy
+from .progress import ProgressWatch
 from .recovery import recovered_field, recovery_message, writer_alive
 
 # seconds between two checks that a kernel we wait for is still alive
@@ -135,6 +137,19 @@ class CkptManager(LoggingConfigurable):
         "before a resume or restore. Default: $JUPYTER_CKPT_NODE_FACTS.",
     ).tag(config=True)
 
+    progress_dir = Unicode(
+        help="A private directory where kernels note how far their image is written or "
+        "read, for progress events. Default: jupyter-ckpt-progress in the runtime directory.",
+    ).tag(config=True)
+
+    @default("progress_dir")
+    def _default_progress_dir(self) -> str:
+        return os.path.join(jupyter_runtime_dir(), "jupyter-ckpt-progress")
+
+    progress_interval = Float(
+        0.5, help="Seconds between two progress events of one kernel's save or restore."
+    ).tag(config=True)
+
     @default("node_facts_file")
     def _default_node_facts_file(self) -> str:
         return os.environ.get(compat.NODE_FACTS_ENV, "")
@@ -153,6 +168,7 @@ class CkptManager(LoggingConfigurable):
         self._suspend_aborts: dict[str, str] = {}
         self._restore_aborts: dict[str, str] = {}
         self.restore_count = 0
+        self.progress = ProgressWatch(self.progress_dir, self.emit, self.progress_interval)
         self.kernel_manager.on_discard = self.discard
         self.kernel_manager.before_action = self.settle
 
@@ -269,12 +285,14 @@ class CkptManager(LoggingConfigurable):
         return summary
 
     async def _write_image(
-        self, kernel_id: str, name: str | None, timeout: float
+        self, kernel_id: str, name: str | None, timeout: float, action: str = "checkpoint"
     ) -> dict[str, Any]:
         if not self.kernel_manager.is_running(kernel_id):
             raise SuspendFailed(f"kernel {kernel_id} is not running")
         await self._hooked("checkpoint", kernel_id)
-        summary = await self.kernel_call(kernel_id, f"checkpoint({name!r})", timeout)
+        async with self.progress.watch(kernel_id, action) as progress:
+            call = f"checkpoint({name!r}, progress={progress!r})"
+            summary = await self.kernel_call(kernel_id, call, timeout)
         await self._hooked("verify", kernel_id)
         try:
             await asyncio.to_thread(self.store.verify, summary["id"])
@@ -363,7 +381,7 @@ class CkptManager(LoggingConfigurable):
             info = await self._request(kernel_id, "kernel_info", self._timeout(deadline))
             self._check(self._suspend_aborts, kernel_id)
             usage = self.gpu_usage(kernel_id)
-            summary = await self._write_image(kernel_id, None, self._timeout(deadline))
+            summary = await self._write_image(kernel_id, None, self._timeout(deadline), "suspend")
             image_id = written = summary["id"]
             self._check(self._suspend_aborts, kernel_id)
             parent = await asyncio.to_thread(self._unchanged_parent, image_id)
@@ -564,8 +582,11 @@ class CkptManager(LoggingConfigurable):
             await self._wait_ready(kernel_id)
             await self._hooked("restore", kernel_id)
             self._check(self._restore_aborts, kernel_id)
-            call = f"restore({record['image_id']!r})"
-            report.update(await self.kernel_call(kernel_id, call, self.policy.checkpoint_timeout))
+            async with self.progress.watch(kernel_id, "restore") as progress:
+                call = f"restore({record['image_id']!r}, progress={progress!r})"
+                report.update(
+                    await self.kernel_call(kernel_id, call, self.policy.checkpoint_timeout)
+                )
             report["error"] = None
         except Aborted as exc:
             # the shutdown or restart that aborted the restore drops the record

@@ -146,9 +146,12 @@ class CkptService:
         else:
             kernel_id = await km.start_kernel(kernel_name=kernel_name)
         try:
-            report = await manager.kernel_call(
-                kernel_id, f"restore({image_id!r})", manager.policy.checkpoint_timeout
-            )
+            async with manager.progress.watch(kernel_id, "resume") as progress:
+                report = await manager.kernel_call(
+                    kernel_id,
+                    f"restore({image_id!r}, progress={progress!r})",
+                    manager.policy.checkpoint_timeout,
+                )
         except SuspendFailed as exc:
             await km.shutdown_kernel(kernel_id)
             manager.record_failure("resume", kernel_id, "api", exc, started)

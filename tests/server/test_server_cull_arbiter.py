@@ -88,7 +88,8 @@ async def test_the_arbiter_culls_only_once_every_kernel_is_saved(
     assert await arbiter(**IDLE, server=server_model) is False
     assert manager.kernel_manager.ckpt_field(kernel_id)["state"] == "running"
     await poll(lambda: [e for e in events if e["action"] == "suspend"], what="an event")
-    assert [(e["status"], e["trigger"]) for e in events] == [("error", "api")]
+    outcomes = [e for e in events if e["action"] != "progress"]
+    assert [(e["status"], e["trigger"]) for e in outcomes] == [("error", "api")]
 
     # once nothing would be lost, the cull goes ahead
     await client.execute("f.close()\ndel f")
