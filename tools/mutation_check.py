@@ -26,7 +26,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = "server_extension/jupyter_ckpt_server"
 ROUNDTRIP = "tests/test_roundtrip.py"
+FAILURES = "tests/test_restore_failures.py"
+UNITS = "tests/test_units.py"
+STORE = "tests/test_store.py"
+SECURITY = "tests/test_security.py"
+MULTIUSER = "tests/test_store_multiuser.py"
 SAFETY = "tests/server/test_server_safety_steps.py"
+SUSPEND = "tests/server/test_server_suspend_restore.py"
+RACES = "tests/server/test_server_races.py"
+MONITOR = "tests/server/test_server_monitor.py"
+IDLE_WORK = "tests/server/test_server_idle_work.py"
 
 
 @dataclass(frozen=True)
@@ -39,13 +48,65 @@ class Mutant:
 
 
 MUTANTS = [
+    # -- capture and restore ------------------------------------------------------------
     Mutant(
-        "capture-drops-equal-values",
+        "capture-drops-aliases",
         "jupyter_ckpt/image/capture.py",
-        "        singles.append(single)\n",
-        "        if not any(s.data == single.data for s in singles):\n"
-        "            singles.append(single)\n",
-        (ROUNDTRIP, "tests/test_units.py"),
+        "        try:\n            nbytes, devices = stream.add(value)\n",
+        "        if any(variables[n] is value for n in names):\n"
+        '            record.update(status="saved", bytes=0, devices=[])\n'
+        "            continue\n"
+        "        try:\n            nbytes, devices = stream.add(value)\n",
+        (ROUNDTRIP,),
+    ),
+    Mutant(
+        "sharing-not-kept",
+        "jupyter_ckpt/image/stream.py",
+        "        p = self.pickler\n        start, first",
+        "        p = self.pickler\n        p.clear_memo()\n        start, first",
+        (UNITS, ROUNDTRIP),
+    ),
+    Mutant(
+        "failed-variable-not-rewound",
+        "jupyter_ckpt/image/stream.py",
+        "        except BaseException:\n            self._rewind(start, first, modules)\n",
+        "        except BaseException:\n",
+        (FAILURES, ROUNDTRIP),
+    ),
+    Mutant(
+        "probe-not-loaded",
+        "jupyter_ckpt/image/stream.py",
+        "                    unpickler.load()  # the probe\n",
+        "",
+        (UNITS, ROUNDTRIP),
+    ),
+    Mutant(
+        "failed-variable-not-poisoned",
+        "jupyter_ckpt/image/stream.py",
+        "            salvage.poison(i, memo, reason)\n",
+        "",
+        (UNITS, FAILURES),
+    ),
+    Mutant(
+        "excluded-not-reported",
+        "jupyter_ckpt/image/restore.py",
+        'if var["status"] in ("lost", "excluded"):',
+        'if var["status"] == "lost":',
+        (ROUNDTRIP, FAILURES),
+    ),
+    Mutant(
+        "restored-claims-all",
+        "jupyter_ckpt/image/restore.py",
+        "    report.restored = [n for n in order if n in staged]\n",
+        "    report.restored = order\n",
+        (ROUNDTRIP, FAILURES),
+    ),
+    Mutant(
+        "submodules-not-imported",
+        "jupyter_ckpt/image/restore.py",
+        '    for submodule in record.get("submodules", ()):\n',
+        "    for submodule in ():\n",
+        (ROUNDTRIP,),
     ),
     Mutant(
         "ipython-filter-widened",
@@ -84,33 +145,99 @@ MUTANTS = [
         (ROUNDTRIP,),
     ),
     Mutant(
-        "sharing-not-joined",
-        "jupyter_ckpt/image/capture.py",
-        "            if j != i:\n",
-        "            if False:\n",
-        ("tests/test_units.py",),
+        "cwd-not-restored",
+        "jupyter_ckpt/kernel/state.py",
+        "            os.chdir(cwd)\n",
+        "            pass\n",
+        (ROUNDTRIP,),
     ),
     Mutant(
+        "execution-count-not-restored",
+        "jupyter_ckpt/kernel/state.py",
+        '        shell.execution_count = facts["execution_count"]\n',
+        "        pass\n",
+        (ROUNDTRIP,),
+    ),
+    Mutant(
+        "history-not-restored",
+        "jupyter_ckpt/kernel/state.py",
+        "        shell.history_manager.input_hist_raw[:] = raw\n",
+        "",
+        (ROUNDTRIP,),
+    ),
+    # -- the store ----------------------------------------------------------------------
+    Mutant(
         "chunk-hash-unchecked",
+        "jupyter_ckpt/store/encryption.py",
+        "        if len(stored) != size or chunk_hash(stored) != digest:\n",
+        "        if len(stored) != size:\n",
+        (STORE, SECURITY),
+    ),
+    Mutant(
+        "signature-unchecked",
+        "jupyter_ckpt/store/signing.py",
+        "        if not hmac.compare_digest("
+        "self._mac(canonical_json(manifest)), str(signature)):\n",
+        "        if False:\n",
+        (SECURITY,),
+    ),
+    Mutant(
+        "manifest-id-unchecked",
         "jupyter_ckpt/store/imagestore.py",
-        "        if n != len(out) or chunk_hash(out) != digest:\n",
-        "        if n != len(out):\n",
-        ("tests/test_store.py", "tests/test_security.py"),
+        '        if manifest.get("id") != image_id:\n',
+        "        if False:\n",
+        (SECURITY, STORE),
+    ),
+    Mutant(
+        "vanished-chunks-accepted",
+        "jupyter_ckpt/store/writer.py",
+        "        missing = self.store.missing_chunks(manifest)\n        if missing:\n",
+        "        missing = self.store.missing_chunks(manifest)\n        if False:\n",
+        (STORE, "tests/test_faults.py"),
+    ),
+    Mutant(
+        "delete-ignores-records",
+        "jupyter_ckpt/store/imagestore.py",
+        '            if record.get("image_id") == image_id:\n',
+        "            if False:\n",
+        (STORE, "tests/test_cli.py"),
     ),
     Mutant(
         "gc-ignores-references",
         "jupyter_ckpt/store/imagestore.py",
         'if path.rsplit("/", 1)[-1] not in referenced and mtime <= cutoff',
         "if mtime <= cutoff",
-        ("tests/test_store.py",),
+        (STORE,),
+    ),
+    Mutant(
+        "gc-ignores-grace",
+        "jupyter_ckpt/store/imagestore.py",
+        'if path.rsplit("/", 1)[-1] not in referenced and mtime <= cutoff',
+        'if path.rsplit("/", 1)[-1] not in referenced',
+        (STORE, "tests/test_faults.py"),
     ),
     Mutant(
         "gc-ignores-leases",
         "jupyter_ckpt/store/imagestore.py",
         "        if leases and candidates:\n",
         "        if False:\n",
-        ("tests/test_store.py", "tests/test_store_multiuser.py"),
+        (STORE, MULTIUSER),
     ),
+    Mutant(
+        "gc-ignores-unreadable-manifests",
+        "jupyter_ckpt/store/imagestore.py",
+        "        if notes:\n            return GcResult(0, 0, notes)\n",
+        "",
+        (STORE, MULTIUSER),
+    ),
+    Mutant(
+        "chunk-reused-unreadable",
+        "jupyter_ckpt/store/backends.py",
+        "            os.close(os.open(full, os.O_RDONLY))\n",
+        "",
+        (MULTIUSER,),
+    ),
+    # -- the server's suspend path ------------------------------------------------------
     Mutant(
         "verify-skipped",
         f"{SERVER}/manager.py",
@@ -161,6 +288,85 @@ MUTANTS = [
         "lambda: self._restore(kernel_id, trigger))\n",
         "        return await self._restore(kernel_id, trigger)\n",
         (SAFETY,),
+    ),
+    Mutant(
+        "busy-kernel-suspended",
+        f"{SERVER}/manager.py",
+        '            if kernel.execution_state == "busy":\n',
+        "            if False:\n",
+        (SUSPEND,),
+    ),
+    Mutant(
+        "unsaveable-keep-ignored",
+        f"{SERVER}/manager.py",
+        'if summary["lost"] and self.policy.on_unsaveable == "keep" and trigger != "shutdown":',
+        "if False:",
+        (SUSPEND, MONITOR),
+    ),
+    Mutant(
+        "last-abort-check-skipped",
+        f"{SERVER}/manager.py",
+        "            # the last check: no await from here until the process is told to stop\n"
+        "            self._check(self._suspend_aborts, kernel_id)\n",
+        "",
+        (RACES,),
+    ),
+    Mutant(
+        "aborted-record-kept",
+        f"{SERVER}/manager.py",
+        "            if recorded:\n",
+        "            if False:\n",
+        (RACES, SAFETY),
+    ),
+    Mutant(
+        "record-without-sessions",
+        f"{SERVER}/manager.py",
+        '                "sessions": await self.sessions_of(kernel_id),\n',
+        '                "sessions": [],\n',
+        ("tests/server/test_server_records.py", "tests/server/test_server_restart.py"),
+    ),
+    Mutant(
+        "record-without-env",
+        f"{SERVER}/manager.py",
+        '                "env": launch.get("env", {}),\n',
+        '                "env": {},\n',
+        (SUSPEND, "tests/server/test_server_restart.py"),
+    ),
+    Mutant(
+        "unchanged-ignores-data",
+        f"{SERVER}/manager.py",
+        '_CONTENT = ("kernel", "variables", "imports", "groups", "excluded", "devices", '
+        '"environment")',
+        '_CONTENT = ("variables", "imports", "excluded", "devices", "environment")',
+        (SUSPEND, "tests/server/test_server_records.py"),
+    ),
+    Mutant(
+        "monitor-ignores-busy",
+        f"{SERVER}/monitor.py",
+        '        if a.execution_state in ("busy", "starting"):\n',
+        '        if a.execution_state == "starting":\n',
+        (MONITOR,),
+    ),
+    Mutant(
+        "monitor-no-recheck",
+        f"{SERVER}/monitor.py",
+        "            if not fresh.due:\n                continue\n",
+        "",
+        (IDLE_WORK,),
+    ),
+    Mutant(
+        "work-does-not-reset-idle-clock",
+        f"{SERVER}/monitor.py",
+        "        if seen:\n            self._work_seen[a.kernel_id] = now\n",
+        "",
+        (IDLE_WORK,),
+    ),
+    Mutant(
+        "children-ignored",
+        f"{SERVER}/monitor.py",
+        '        if "children" in kinds and pid:\n',
+        "        if False:\n",
+        (IDLE_WORK,),
     ),
 ]
 
@@ -249,12 +455,12 @@ def main() -> int:
         copy = Path(tmp) / "project"
         copy_project(copy)
         check_imports(copy)
-        for tests in sorted({m.tests for m in chosen}):
-            code, seconds, _ = run_tests(copy, tests, args.timeout)
+        for test in sorted({t for m in chosen for t in m.tests}):
+            code, seconds, _ = run_tests(copy, (test,), args.timeout)
             if code != 0:
-                print(f"baseline FAILS ({code}) for {' '.join(tests)}: fix that first")
+                print(f"baseline FAILS ({code}) for {test}: fix that first")
                 return 2
-            print(f"baseline passes: {' '.join(tests)} ({seconds:.0f} s)", flush=True)
+            print(f"baseline passes: {test} ({seconds:.0f} s)", flush=True)
         for m in chosen:
             target = copy / m.path
             original = target.read_text()
