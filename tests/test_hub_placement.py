@@ -230,6 +230,27 @@ async def test_the_spawn_form_lists_images_per_profile_and_places_the_chosen_one
         await pod_for(hooks, user, profile="a10", **{IMAGE_OPTION: manifest["id"]})
 
 
+async def test_a_spawn_link_and_a_submitted_form_give_the_same_options(hub):
+    """As README sets it: JupyterHub parses a submitted form with
+    ``run_options_from_form`` (which passes the spawner) and a spawn link
+    (/hub/spawn?profile=...) with ``options_from_query`` (which does not)."""
+    manifest = save_on_node(user_store(hub, "gus"), hub["nodes"]["h100"], MIB, name="big")
+    hooks = SpawnHooks(hub["stores"], profiles=hub["profiles"])
+    spawner = KubeSpawner(
+        _mock=True,
+        user=hub_user(hub, "gus"),
+        profile_list=PROFILES,
+        options_form=hooks.options_form,
+        options_from_form=hooks.options_from_form,
+    )
+    query = {"profile": ["h100"], IMAGE_OPTION: [manifest["id"]]}
+    expected = {"profile": "h100", IMAGE_OPTION: manifest["id"]}
+    assert spawner.options_from_query(query) == expected
+    assert spawner.run_options_from_form(query) == expected
+    with pytest.raises(TypeError, match="needs the spawner"):
+        hooks.options_from_form(query)
+
+
 async def test_other_spawners_get_the_constraints_and_the_refusal(hub):
     suspend_on(hub, "hank", "h100", 3 * MIB)
     user = hub_user(hub, "hank")
@@ -252,7 +273,8 @@ def test_the_hub_package_imports_nothing_heavy():
     code = (
         "import sys, jupyter_ckpt.hub; "
         "print([m for m in ('jupyter_ckpt.store', 'jupyter_ckpt_server', 'kubespawner', "
-        "'kubernetes_asyncio', 'numpy', 'torch', 'fsspec', 'jupyter_server') if m in sys.modules])"
+        "'kubernetes_asyncio', 'numpy', 'torch', 'fsspec', 'jupyter_server', 'tornado') "
+        "if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.replace("'", '"')) == []

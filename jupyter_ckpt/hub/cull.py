@@ -8,7 +8,8 @@ scope ``access:servers``). The cull goes ahead only when every kernel holding st
 saved; otherwise the server keeps running and the culler asks again in a later round.
 
 Light on purpose: it runs in the culler's process, which has tornado and nothing of the
-server extension.
+server extension, and the hub imports this package for its spawner hooks: tornado's HTTP
+client is imported only when a server is asked to suspend.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets.log import get_logger
 
 SUSPEND_ALL = "api/ckpt/suspend-all"
@@ -112,6 +112,8 @@ class CullArbiter:
         return True
 
     async def _suspend(self, url: str) -> tuple[bool, list[str]]:
+        from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
         token = self.api_token or os.environ.get("JUPYTERHUB_API_TOKEN", "")
         request = HTTPRequest(
             url,

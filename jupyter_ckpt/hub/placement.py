@@ -30,8 +30,10 @@ import inspect
 import logging
 import math
 import os
+import sys
 import weakref
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from .. import compat
@@ -265,8 +267,18 @@ class SpawnHooks:
         images = await asyncio.to_thread(self._images, spawner.user.name)
         return (form or "") + self.resume_fragment(images)
 
-    def options_from_form(self, formdata: dict[str, list[str]], spawner: Any) -> dict[str, Any]:
-        """The spawner's own options, plus the image chosen to resume."""
+    def options_from_form(
+        self, formdata: dict[str, list[str]], spawner: Any = None
+    ) -> dict[str, Any]:
+        """The spawner's own options, plus the image chosen to resume.
+
+        JupyterHub passes ``spawner`` from a submitted form (``run_options_from_form``
+        does when the hook has that parameter), but not from a spawn link
+        (/hub/spawn?profile=..., ``Spawner.options_from_query`` calls the hook with the
+        query alone): then the spawner is the caller's ``self``, as it is for
+        KubeSpawner's own parser, a method of the spawner."""
+        if spawner is None:
+            spawner = _calling_spawner(sys._getframe(1))
         parse = spawner.trait_defaults("options_from_form")
         if "spawner" in inspect.signature(parse).parameters:
             options = dict(parse(formdata, spawner=spawner))
@@ -316,6 +328,19 @@ class SpawnHooks:
             f'<select class="form-control" name="{IMAGE_OPTION}" id="{IMAGE_OPTION}">'
             f"{''.join(options)}</select>{table}</div>"
         )
+
+
+def _calling_spawner(frame: FrameType) -> Any:
+    """The spawner whose method (``options_from_query``) runs in ``frame``."""
+    from jupyterhub.spawner import Spawner
+
+    caller = frame.f_locals.get("self")
+    if not isinstance(caller, Spawner):
+        raise TypeError(
+            "SpawnHooks.options_from_form needs the spawner: pass it, or set the hook as "
+            "the spawner's options_from_form for JupyterHub to call"
+        )
+    return caller
 
 
 def add_node_affinity(pod: Any, constraints: dict[str, list[dict]]) -> None:
