@@ -232,23 +232,6 @@ class GpuProbe:
         util_by_pid, device_util = self.utilization(window)
         return GpuSnapshot(self.memory_by_pid(), self.children(), util_by_pid, device_util)
 
-    def _opens_nvidia_device(self, pid: int) -> bool:
-        fd_dir = f"{self.proc_root}/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            return False
-        for fd in fds:
-            try:
-                target = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            # /dev/nvidiactl and nvidia-uvm are opened by any CUDA import; a context
-            # on a GPU opens /dev/nvidia<N>.
-            if target.startswith("/dev/nvidia") and target[len("/dev/nvidia") :].isdigit():
-                return True
-        return False
-
     def usage(self, pid: int, snapshot: GpuSnapshot | None = None) -> GpuUsage:
         """GPU memory held by ``pid``'s process tree. Pass a :meth:`snapshot` to share
         its queries among many kernels."""
@@ -265,9 +248,29 @@ class GpuProbe:
                 for index, used in by_pid[member].items():
                     by_device[index] = by_device.get(index, 0) + used
             return GpuUsage(by_device, "nvml", _busy(tree, by_device, snapshot))
-        if any(self._opens_nvidia_device(member) for member in tree):
+        if any(nvidia_device_open(member, self.proc_root) for member in tree):
             return GpuUsage({}, "proc-fd")
         return GpuUsage()
+
+
+def nvidia_device_open(pid: int, proc_root: str = "/proc") -> str | None:
+    """The ``/dev/nvidia<N>`` that ``pid`` holds open, if any: a process with a CUDA
+    context on a GPU holds one, whichever framework made it (torch, CuPy, JAX, ...)."""
+    fd_dir = f"{proc_root}/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue
+        # /dev/nvidiactl and nvidia-uvm are opened by any CUDA import; a context
+        # on a GPU opens /dev/nvidia<N>.
+        if target.startswith("/dev/nvidia") and target[len("/dev/nvidia") :].isdigit():
+            return target
+    return None
 
 
 def _busy(tree: set[int], devices: dict[int, int], snapshot: GpuSnapshot) -> dict[int, int]:

@@ -5,14 +5,18 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from fake_devices import FakeDeviceOps
 from harness import Kernel
 
 from jupyter_ckpt.errors import DeviceUnavailable
 from jupyter_ckpt.image.devices import DeviceMapper
+from jupyter_ckpt.kernel.background import fork_blocker, free_memory
 from jupyter_ckpt.store import ImageStore
 
 FAKE = "__import__('fake_devices').current"
@@ -145,3 +149,81 @@ def test_mapper_map_location_overrides() -> None:
     m = mapper(["cuda:0", "cuda:5"], gpus=0, map_location="cpu")
     assert [m.resolve(d) for d in ("cuda:0", "cuda:5", "cpu")] == ["cpu"] * 3
     assert m.warnings == []
+
+
+# -- the autosave's guards: a CUDA context from any framework, the cgroup's memory -----------
+
+
+def fd_links(proc: Path, links: dict[str, str]) -> str:
+    """This process's open-file links as /proc shows them, under a stand-in /proc."""
+    fd_dir = proc / str(os.getpid()) / "fd"
+    fd_dir.mkdir(parents=True)
+    for fd, target in links.items():
+        os.symlink(target, fd_dir / fd)
+    return str(proc)
+
+
+def test_a_gpu_device_open_blocks_the_fork_whichever_framework_opened_it(tmp_path: Path) -> None:
+    # what CuPy, JAX, numba or TensorFlow leave behind: no torch, a GPU device open
+    proc = fd_links(tmp_path / "gpu", {"0": "/dev/null", "7": "/dev/nvidia0"})
+    assert fork_blocker(proc) == (
+        "the kernel has a CUDA context (/dev/nvidia0 is open) and a forked child cannot use it"
+    )
+    # importing a CUDA library opens these, but no context exists yet: fork is fine
+    proc = fd_links(tmp_path / "import", {"3": "/dev/nvidiactl", "4": "/dev/nvidia-uvm"})
+    assert fork_blocker(proc) is None
+
+
+def cgroups(root: Path, proc_self: str, files: dict[str, str]) -> str:
+    """A stand-in root with /proc/self/cgroup and cgroup files under /sys/fs/cgroup."""
+    (root / "proc/self").mkdir(parents=True)
+    (root / "proc/self/cgroup").write_text(proc_self)
+    for path, text in files.items():
+        (root / "sys/fs/cgroup" / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / "sys/fs/cgroup" / path).write_text(text)
+    return str(root)
+
+
+NODE = "the node's available memory"
+POD = "the room left under the pod's/container's memory limit"
+PARENT = "kubepods.slice/pod1.slice"
+POD_V2 = f"{PARENT}/cri-abc.scope"
+
+
+@pytest.mark.parametrize(
+    ("proc_self", "files", "expected"),
+    [
+        # v2: the container's limit leaves 64 MiB
+        ("0::/" + POD_V2, {f"{POD_V2}/memory.max": f"{128 << 20}\n",
+                           f"{POD_V2}/memory.current": f"{64 << 20}\n"}, (64 << 20, POD)),
+        # v2: no limit on the container, the pod's (its parent's) applies
+        ("0::/" + POD_V2, {f"{POD_V2}/memory.max": "max\n",
+                           f"{POD_V2}/memory.current": f"{1 << 30}\n",
+                           f"{PARENT}/memory.max": f"{1 << 30}\n",
+                           f"{PARENT}/memory.current": f"{(1 << 30) - (5 << 20)}\n"},
+         (5 << 20, POD)),
+        # v2 in a cgroup namespace: the container's cgroup is the root; over the limit: 0
+        ("0::/\n", {"memory.max": f"{1 << 20}", "memory.current": f"{2 << 20}"}, (0, POD)),
+        # v2 with no limit anywhere
+        ("0::/user.slice\n", {"user.slice/memory.max": "max", "user.slice/memory.current": "1"},
+         None),
+        # v1: the path names a host cgroup; the container sees its own at the root
+        ("12:cpu,cpuacct:/kubepods/pod1/abc\n9:memory:/kubepods/pod1/abc\n",
+         {"memory/memory.limit_in_bytes": f"{256 << 20}",
+          "memory/memory.usage_in_bytes": f"{200 << 20}"}, (56 << 20, POD)),
+        # v1 without a limit: a huge number
+        ("9:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712",
+                          "memory/memory.usage_in_bytes": "1"}, None),
+        # no memory controller at all
+        ("1:name=systemd:/init.scope\n", {}, None),
+    ],
+)  # fmt: skip
+def test_free_memory_is_the_smaller_of_the_node_and_the_cgroup(
+    tmp_path: Path, proc_self: str, files: dict[str, str], expected: tuple[int, str] | None
+) -> None:
+    free, limit = free_memory(cgroups(tmp_path, proc_self, files))
+    if expected is None:  # the node's, which moves: only its order of magnitude is checked
+        assert limit == NODE
+        assert abs(free - psutil.virtual_memory().available) < 1 << 30
+    else:
+        assert (free, limit) == expected

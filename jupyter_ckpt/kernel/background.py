@@ -16,12 +16,14 @@ What a fork does not carry, and how the child lives with it:
   server then reports that the autosave failed and why.
 - A user thread that ran at the fork is captured as it was at that instant (between
   two bytecodes: the fork happens with the GIL held); the threads alive are reported.
-- A GPU context. CUDA cannot be used in a forked child, so a kernel with CUDA
-  initialized is saved in the kernel instead (a blocking save), and the stall is
-  measured and reported.
+- A GPU context. CUDA cannot be used in a forked child, so a kernel with a CUDA
+  context (torch's, or any framework's: the process then holds a ``/dev/nvidia<N>``
+  open) is saved in the kernel instead (a blocking save), and the stall is measured
+  and reported.
 - Memory. Every page the parent writes during the save is copied, up to the whole
-  state: an autosave is skipped, with the reason, when the free memory is below the
-  state's size.
+  state, and the copies count against the pod's or container's memory limit (its
+  cgroup), not only the node's: an autosave is skipped, with the reason and the limit
+  that applied, when the free memory is below the state's size.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 import psutil
 
 from .. import image
+from ..gpu import nvidia_device_open
 from ..image import devices
 from ..store import ImageStore
 from .activity import busy_threads
@@ -74,13 +77,53 @@ class Job:
 _job: Job | None = None
 
 
-def fork_blocker() -> str | None:
+def fork_blocker(proc_root: str = "/proc") -> str | None:
     """Why the state cannot be written from a forked child, or None."""
     if not hasattr(os, "fork"):
         return "this platform has no fork()"
     if devices.device_ops.cuda_initialized():
         return "CUDA is initialized in the kernel and a forked child cannot use it"
+    device = nvidia_device_open(os.getpid(), proc_root)
+    if device is not None:
+        return f"the kernel has a CUDA context ({device} is open) and a forked child cannot use it"
     return None
+
+
+def free_memory(root: str = "/") -> tuple[int, str]:
+    """Bytes a forked child's copied pages may take before something is killed, and whose
+    limit that is: the node's available memory, or less where a memory cgroup of this
+    process (a pod's or container's limit, or one of its parents') leaves less room."""
+    free, limit = psutil.virtual_memory().available, "the node's available memory"
+    try:
+        with open(os.path.join(root, "proc/self/cgroup")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return free, limit
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "-", "")
+        if not controllers:  # v2: the unified hierarchy
+            base = os.path.join(root, "sys/fs/cgroup")
+            names = ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own
+            base = os.path.join(root, "sys/fs/cgroup/memory")
+            names = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        # up to the hierarchy's root, which is the container's own where the path names
+        # a host cgroup the container does not see
+        directory = os.path.normpath(os.path.join(base, path.lstrip("/")))
+        while directory.startswith(base):
+            try:
+                with open(os.path.join(directory, names[0])) as f:
+                    maximum = f.read().strip()
+                with open(os.path.join(directory, names[1])) as f:
+                    room = int(maximum) - int(f.read()) if maximum != "max" else free
+            except (OSError, ValueError):
+                room = free
+            if room < free:
+                free, limit = max(room, 0), "the room left under the pod's/container's memory limit"
+            directory = os.path.dirname(directory)
+    return free, limit
 
 
 def state_bytes(session: Any) -> int:
@@ -106,12 +149,12 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
         stall = time.perf_counter() - started
         return {"state": "done", "mode": "blocking", "reason": blocker, "stall": stall, **summary}
     need = state_bytes(session)
-    free = psutil.virtual_memory().available
+    free, limit = free_memory()
     if free < need:
         return {
             "state": "skipped",
-            "reason": f"free memory ({free >> 20} MiB) is below the state's size "
-            f"({need >> 20} MiB), which a forked save may have to copy",
+            "reason": f"free memory ({free >> 20} MiB, {limit}) is below the state's "
+            f"size ({need >> 20} MiB), which a forked save may have to copy",
         }
     directory = tempfile.mkdtemp(prefix="ckpt-autosave-")
     threads = busy_threads()  # user threads: saved as they were at the fork
