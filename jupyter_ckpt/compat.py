@@ -85,11 +85,26 @@ def _size(n: int) -> str:
     return f"{n / _GIB:.1f} GiB" if n >= _GIB else f"{n / (1 << 20):.1f} MiB"
 
 
+def device_map(saved: Iterable[str], count: int) -> dict[str, int]:
+    """Where a restore puts each saved CUDA device on a node with ``count`` GPUs, by
+    :class:`jupyter_ckpt.image.devices.DeviceMapper`'s rule: the same index when every
+    saved index exists there, else the saved devices in order onto the local ones,
+    modulo ``count`` (so two saved devices may share one GPU)."""
+    ordered = sorted(set(saved), key=_device_index)
+    if all(_device_index(d) < count for d in ordered):
+        return {d: _device_index(d) for d in ordered}
+    return {d: i % count for i, d in enumerate(ordered)}
+
+
+def _device_index(device: str) -> int:
+    return int(device.partition(":")[2] or 0)
+
+
 @dataclass
 class GpuNeeds:
     """What restoring images needs of a node's GPUs."""
 
-    #: saved device ("cuda:N") -> bytes of the tensors on it
+    #: saved device ("cuda:N") -> bytes of the tensors on it, summed over the images
     device_bytes: dict[str, int] = field(default_factory=dict)
     #: compute capability of the GPU the tensors were on (the highest, over devices)
     compute: tuple[int, int] | None = None
@@ -97,11 +112,37 @@ class GpuNeeds:
     cuda: str | None = None
     #: GPU models the images were saved on
     products: list[str] = field(default_factory=list)
+    #: each image's device_bytes: a restore maps each image's devices on its own
+    images: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def per_gpu(self) -> int:
-        """Bytes one GPU must hold: the largest device's."""
+        """Bytes one GPU must hold where every saved device keeps its index (a node with
+        :attr:`spread` GPUs or more): the largest device's."""
         return max(self.device_bytes.values(), default=0)
+
+    @property
+    def spread(self) -> int:
+        """GPUs a node needs for every saved device to keep its index."""
+        return max(map(_device_index, self.device_bytes), default=-1) + 1
+
+    def mapping(self, count: int) -> list[dict[str, int]]:
+        """Each image's :func:`device_map` onto ``count`` GPUs."""
+        return [device_map(devices, count) for devices in self.images]
+
+    def load(self, count: int) -> dict[int, tuple[int, list[str]]]:
+        """Per GPU of a node with ``count``, once restored: the bytes it must hold and the
+        saved devices that land on it."""
+        load: dict[int, tuple[int, list[str]]] = {}
+        for devices, mapped in zip(self.images, self.mapping(count), strict=True):
+            for saved, local in mapped.items():
+                n, names = load.get(local, (0, []))
+                load[local] = (n + devices[saved], sorted({*names, saved}, key=_device_index))
+        return load
+
+    def per_gpu_on(self, count: int) -> int:
+        """Bytes each GPU must hold on a node (or a pod) with ``count`` GPUs."""
+        return max((n for n, _ in self.load(count).values()), default=0)
 
     @property
     def min_driver(self) -> int | None:
@@ -120,6 +161,7 @@ class GpuNeeds:
             max((c for c in (self.compute, other.compute) if c), default=None),
             max(cudas, key=_capability, default=None),
             sorted(set(self.products) | set(other.products)),
+            [*self.images, *other.images],
         )
 
 
@@ -129,9 +171,11 @@ def gpu_needs(manifest: dict[str, Any]) -> GpuNeeds | None:
     if not cuda:
         return None
     gpu = manifest.get("gpu", {})
-    device_bytes = gpu.get("device_bytes")
-    if device_bytes is None:  # an image from before they were recorded: count per variable
-        device_bytes = dict.fromkeys(cuda, 0)
+    # every saved device, with or without bytes, takes its place in the restore's mapping
+    device_bytes = dict.fromkeys(cuda, 0)
+    if "device_bytes" in gpu:
+        device_bytes.update({d: int(n) for d, n in gpu["device_bytes"].items() if d in cuda})
+    else:  # an image from before they were recorded: count per variable
         for var in manifest.get("variables", []):
             for device in var.get("devices", []):
                 if device.startswith("cuda"):
@@ -140,27 +184,49 @@ def gpu_needs(manifest: dict[str, Any]) -> GpuNeeds | None:
     used = [saved[d] for d in cuda if d in saved]
     capabilities = [c for c in (_capability(g.get("compute_capability")) for g in used) if c]
     return GpuNeeds(
-        {d: int(n) for d, n in device_bytes.items()},
+        device_bytes,
         max(capabilities, default=None),
         gpu.get("torch_cuda"),
         sorted({g["name"] for g in used if g.get("name")}),
+        [device_bytes],
     )
 
 
 def gpu_check(needs: GpuNeeds, node: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(problems, warnings) of restoring tensors with ``needs`` on ``node``."""
-    gpus = node.get("gpus") or []
+    """(problems, warnings) of restoring tensors with ``needs`` on ``node``: each GPU
+    must hold what the restore puts on it (:func:`device_map`)."""
+    gpus = sorted(node.get("gpus") or [], key=lambda g: g.get("index", 0))
     if not gpus:
         devices = ", ".join(sorted(needs.device_bytes)) or "cuda"
         return [f"needs a GPU ({devices}) and this node has none"], []
     problems, warnings = [], []
-    biggest = max(gpus, key=lambda g: g.get("memory_total", 0))
-    largest = biggest.get("memory_total", 0)
-    if needs.per_gpu > largest:
-        device = max(needs.device_bytes, key=needs.device_bytes.__getitem__)
+    largest = max(g.get("memory_total", 0) for g in gpus)
+    for local, (n, sources) in sorted(needs.load(len(gpus)).items()):
+        gpu = gpus[local]
+        total = gpu.get("memory_total", 0)
+        if n <= total:
+            continue
+        here = "the largest GPU here" if total == largest else f"cuda:{local} here"
+        if sources == [f"cuda:{local}"]:
+            what = f"on one GPU ({sources[0]})"
+        else:
+            what = (
+                f"on one GPU: a restore puts {' and '.join(sources)} on cuda:{local} (this "
+                f"node has {len(gpus)} GPU(s))"
+            )
         problems.append(
-            f"needs {_size(needs.per_gpu)} of GPU memory on one GPU ({device}); the largest "
-            f"GPU here ({biggest.get('name', 'unknown')}) has {_size(largest)}"
+            f"needs {_size(n)} of GPU memory {what}; {here} ({gpu.get('name', 'unknown')}) "
+            f"has {_size(total)}"
+        )
+    moved = sorted(
+        {(s, t) for mapped in needs.mapping(len(gpus)) for s, t in mapped.items()}
+        - {(s, _device_index(s)) for s in needs.device_bytes}
+    )
+    if moved:
+        saved_on = ", ".join(sorted(needs.device_bytes, key=_device_index))
+        warnings.append(
+            f"tensors saved on {saved_on}; this node has {len(gpus)} GPU(s), so a restore "
+            f"maps {', '.join(f'{s} -> cuda:{t}' for s, t in moved)}"
         )
     best = max(
         (c for c in (_capability(g.get("compute_capability")) for g in gpus) if c), default=None

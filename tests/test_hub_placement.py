@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import node_file, save_on_node
+from harness import node_file, save_namespace, save_on_node
 from jupyterhub import orm
 from jupyterhub.spawner import LocalProcessSpawner
 from jupyterhub.user import User
@@ -22,6 +22,7 @@ from kubespawner import KubeSpawner
 
 from jupyter_ckpt import compat
 from jupyter_ckpt.hub import IMAGE_OPTION, SpawnHooks, SpawnRefused, UserStores, user_secret
+from jupyter_ckpt.hub.placement import COUNT
 from jupyter_ckpt.store import ImageStore
 
 pytestmark = pytest.mark.anyio
@@ -84,14 +85,16 @@ def suspend_on(hub: dict[str, Any], user: str, node: str, gpu_bytes: int) -> dic
     return manifest
 
 
-async def pod_for(hooks: SpawnHooks, user: User, **options: str) -> dict[str, Any]:
+async def pod_for(
+    hooks: SpawnHooks, user: User, profile_list: list[dict] = PROFILES, **options: str
+) -> dict[str, Any]:
     """Spawn as the hub would, up to the pod it would create: the pre-spawn hook, the
     profile's overrides, KubeSpawner's own manifest, then the pod hook. The pod as the
     Kubernetes API would receive it."""
     spawner = KubeSpawner(
         _mock=True,
         user=user,
-        profile_list=PROFILES,
+        profile_list=profile_list,
         pre_spawn_hook=hooks.pre_spawn_hook,
         modify_pod_hook=hooks.modify_pod_hook,
     )
@@ -208,6 +211,90 @@ async def test_kernels_restored_together_need_their_memory_together(hub):
     hooks = SpawnHooks(hub["stores"], profiles=hub["profiles"])
     pod = await pod_for(hooks, hub_user(hub, "frank"), profile="a10")
     assert ("nvidia.com/gpu.memory", "Gt", ["3"]) in required(pod)[0]
+
+
+def suspend_on_two_gpus(hub: dict[str, Any], user: str, per_device: int) -> None:
+    """A kernel of ``user`` suspended with ``per_device`` bytes on each of cuda:0 and
+    cuda:1 of a two-H100 node."""
+    import fake_devices
+    import torch
+
+    from jupyter_ckpt.image import devices
+
+    h100 = compat.node_facts(str(hub["nodes"]["h100"]))
+    two = node_file(
+        hub["nodes"]["h100"].parent, "h100", gpus=[*h100["gpus"], {**h100["gpus"][0], "index": 1}]
+    )
+    saved_ops, saved_facts = devices.device_ops, os.environ.get(compat.NODE_FACTS_ENV)
+    os.environ[compat.NODE_FACTS_ENV] = str(two)
+    try:
+        ops = fake_devices.install(gpus=2)
+        namespace = {f"w{i}": torch.zeros(per_device, dtype=torch.uint8) for i in range(2)}
+        for i, tensor in enumerate(namespace.values()):
+            ops.pretend(tensor, f"cuda:{i}")
+        store = user_store(hub, user)
+        manifest = save_namespace(store, namespace, "two-gpus")
+    finally:
+        devices.device_ops = saved_ops
+        if saved_facts is None:
+            del os.environ[compat.NODE_FACTS_ENV]
+        else:
+            os.environ[compat.NODE_FACTS_ENV] = saved_facts
+    assert manifest["gpu"]["device_bytes"] == {"cuda:0": per_device, "cuda:1": per_device}
+    store.records.put(
+        {
+            "kernel_id": str(uuid.uuid4()),
+            "kernel_name": "python3",
+            "path": "",
+            "env": {},
+            "image_id": manifest["id"],
+            "suspended_at": manifest["created"],
+        }
+    )
+
+
+def gpus_profile(gpus: int) -> dict[str, Any]:
+    """A profile whose server gets ``gpus`` GPUs of the node (the device plugin's limit)."""
+    override = {"extra_resource_limits": {"nvidia.com/gpu": str(gpus)}}
+    return {
+        "display_name": f"{gpus} GPUs",
+        "slug": f"gpus-{gpus}",
+        "kubespawner_override": override,
+    }
+
+
+async def test_saved_devices_that_would_share_a_gpu_need_a_gpu_for_their_memory(hub):
+    """A restore maps saved devices modulo the GPUs the server gets: an image from cuda:0
+    and cuda:1 needs, on one GPU, the memory of both."""
+    suspend_on_two_gpus(hub, "jill", 3 * MIB)
+    jill = hub_user(hub, "jill")
+    hooks = SpawnHooks(hub["stores"])
+    profiles = [gpus_profile(1), gpus_profile(2), {"display_name": "any", "slug": "any"}]
+
+    def memory_and_count(pod: dict[str, Any]) -> list[tuple[str, str, list[str] | None]]:
+        return [e for e in required(pod)[0] if e[0] in ("nvidia.com/gpu.memory", COUNT)]
+
+    one = await pod_for(hooks, jill, profiles, profile="gpus-1")
+    assert memory_and_count(one) == [("nvidia.com/gpu.memory", "Gt", ["5"])]  # 6 MiB
+    two = await pod_for(hooks, jill, profiles, profile="gpus-2")
+    assert memory_and_count(two) == [("nvidia.com/gpu.memory", "Gt", ["2"])]
+    # no GPU limit: the server sees the node's GPUs, so a node with one for each device
+    unknown = await pod_for(hooks, jill, profiles, profile="any")
+    assert memory_and_count(unknown) == [
+        ("nvidia.com/gpu.memory", "Gt", ["2"]),
+        (COUNT, "Gt", ["1"]),
+    ]
+    constraints = await hooks.constraints(LocalProcessSpawner(user=jill))
+    assert (COUNT, "Gt", ["1"]) in _expressions(constraints["node_affinity_required"][0])
+
+    small = {"gpus": [{**hub["profiles"]["h100"]["gpus"][0], "memory_total": 4 * MIB}]}
+    with pytest.raises(SpawnRefused) as refused:
+        await SpawnHooks(hub["stores"], node={**hub["profiles"]["h100"], **small}).pre_spawn_hook(
+            LocalProcessSpawner(user=jill)
+        )
+    assert "needs 6.0 MiB of GPU memory on one GPU: a restore puts cuda:0 and cuda:1 on" in str(
+        refused.value
+    )
 
 
 async def test_the_spawn_form_lists_images_per_profile_and_places_the_chosen_one(hub):

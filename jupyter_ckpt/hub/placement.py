@@ -48,6 +48,9 @@ PRODUCT = "nvidia.com/gpu.product"  # the model, spaces as dashes: NVIDIA-H100-8
 MEMORY = "nvidia.com/gpu.memory"  # MiB per GPU
 DRIVER_MAJOR = "nvidia.com/cuda.driver.major"  # NVIDIA driver major version: 550
 COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"  # compute capability major: 9
+COUNT = "nvidia.com/gpu.count"  # GPUs on the node
+# The NVIDIA device plugin's resource: the GPUs a container gets.
+GPU_RESOURCE = "nvidia.com/gpu"
 # The spawn form's field and user_options key of the image to resume.
 IMAGE_OPTION = "ckpt_image"
 PROFILE_FACTS_ENV = "JUPYTER_CKPT_HUB_PROFILE_FACTS"
@@ -64,16 +67,26 @@ def product_label(name: str) -> str:
     return name.strip().replace(" ", "-")
 
 
-def required_expressions(needs: GpuNeeds | None, same_product: bool = False) -> list[dict]:
+def required_expressions(
+    needs: GpuNeeds | None, same_product: bool = False, gpus: int | None = None
+) -> list[dict]:
     """Node selector requirements (Kubernetes ``NodeSelectorRequirement``) on GFD labels
     that a node must meet to restore images with ``needs``; none without GPU tensors.
-    ``Gt`` takes one integer: "at least n" is written "greater than n - 1"."""
+    ``Gt`` takes one integer: "at least n" is written "greater than n - 1".
+
+    ``gpus`` is how many GPUs the server gets (its pod's ``nvidia.com/gpu`` limit): a
+    restore maps the saved devices onto them, so with fewer GPUs than saved devices the
+    memory of those sharing one adds up (:func:`jupyter_ckpt.compat.device_map`). When
+    it is not known, the node must have a GPU for every saved index."""
     if needs is None:
         return []
     expressions = [{"key": PRODUCT, "operator": "Exists"}]
-    if needs.per_gpu:
-        mib = math.ceil(needs.per_gpu / _MIB)
+    per_gpu = needs.per_gpu if gpus is None else needs.per_gpu_on(gpus)
+    if per_gpu:
+        mib = math.ceil(per_gpu / _MIB)
         expressions.append({"key": MEMORY, "operator": "Gt", "values": [str(mib - 1)]})
+    if gpus is None and needs.spread > 1:
+        expressions.append({"key": COUNT, "operator": "Gt", "values": [str(needs.spread - 1)]})
     if needs.compute:
         major = needs.compute[0]
         expressions.append({"key": COMPUTE_MAJOR, "operator": "Gt", "values": [str(major - 1)]})
@@ -84,6 +97,18 @@ def required_expressions(needs: GpuNeeds | None, same_product: bool = False) -> 
         values = [product_label(p) for p in needs.products]
         expressions.append({"key": PRODUCT, "operator": "In", "values": values})
     return expressions
+
+
+def pod_gpus(pod: Any) -> int | None:
+    """The GPUs KubeSpawner's pod gives the server: its notebook container's
+    ``nvidia.com/gpu`` limit (e.g. a profile's ``extra_resource_limits``); None when it
+    sets none."""
+    for container in pod.spec.containers or []:
+        if container.name == "notebook" and container.resources is not None:
+            limit = (container.resources.limits or {}).get(GPU_RESOURCE)
+            if limit is not None and str(limit).isdigit() and int(limit) > 0:
+                return int(limit)
+    return None
 
 
 def preferred_terms(needs: GpuNeeds | None, same_product: bool = False) -> list[dict]:
@@ -233,12 +258,13 @@ class SpawnHooks:
                 + f" ({where})"
             )
 
-    async def constraints(self, spawner: Any) -> dict[str, list[dict]]:
+    async def constraints(self, spawner: Any, gpus: int | None = None) -> dict[str, list[dict]]:
         """The placement as Kubernetes node affinity terms (empty when the images need no
         GPU): for spawners that place servers themselves (translate them to batch
-        constraints)."""
+        constraints). ``gpus``: how many GPUs the server gets, when known (see
+        :func:`required_expressions`)."""
         needs = (await self._placement_of(spawner)).needs
-        expressions = required_expressions(needs, self.same_product)
+        expressions = required_expressions(needs, self.same_product, gpus)
         return {
             "node_affinity_required": [{"matchExpressions": expressions}] if expressions else [],
             "node_affinity_preferred": preferred_terms(needs, self.same_product),
@@ -251,7 +277,7 @@ class SpawnHooks:
     async def modify_pod_hook(self, spawner: Any, pod: Any) -> Any:
         """Add the placement to the pod KubeSpawner built, after the profile's overrides
         (not in ``pre_spawn_hook``: see the module's docstring)."""
-        constraints = await self.constraints(spawner)
+        constraints = await self.constraints(spawner, pod_gpus(pod))
         if constraints["node_affinity_required"] or constraints["node_affinity_preferred"]:
             add_node_affinity(pod, constraints)
         return pod

@@ -119,3 +119,65 @@ def test_an_image_without_per_device_bytes_counts_its_gpu_variables():
     assert needs is not None and needs.device_bytes == {"cuda:0": 24 * GIB}
     assert needs.compute == (9, 0) and needs.min_driver == 525
     assert compat.gpu_needs(manifest(devices=["cpu"])) is None
+
+
+def two_gpu_image(per_device: int) -> dict:
+    """An image with ``per_device`` bytes on each of cuda:0 and cuda:1 of two A10s."""
+    a10 = NODES["a10"]
+    saved_on = {**a10, "gpus": [a10["gpus"][0], {**a10["gpus"][0], "index": 1}]}
+    image = gpu_image(saved_on, {"cuda:0": per_device, "cuda:1": per_device})
+    return {**image, "devices": ["cpu", "cuda:0", "cuda:1"]}
+
+
+def test_devices_that_share_one_gpu_after_the_restore_need_their_memory_together():
+    """A restore maps saved devices modulo the node's GPU count: on one GPU the tensors of
+    cuda:0 and cuda:1 all land on cuda:0."""
+    one_a10 = NODES["a10"]
+    assert compat.check(two_gpu_image(15 * GIB), one_a10)["reasons"] == [
+        "needs 30.0 GiB of GPU memory on one GPU: a restore puts cuda:0 and cuda:1 on cuda:0 "
+        "(this node has 1 GPU(s)); the largest GPU here (NVIDIA A10) has 22.0 GiB",
+        "tensors saved on cuda:0, cuda:1; this node has 1 GPU(s), so a restore maps "
+        "cuda:1 -> cuda:0",
+    ]
+    assert compat.check(two_gpu_image(10 * GIB), one_a10) == {
+        "verdict": "warnings",
+        "reasons": [
+            "tensors saved on cuda:0, cuda:1; this node has 1 GPU(s), so a restore maps "
+            "cuda:1 -> cuda:0"
+        ],
+    }
+    two_a10s = {**one_a10, "gpus": [one_a10["gpus"][0], {**one_a10["gpus"][0], "index": 1}]}
+    assert compat.check(two_gpu_image(15 * GIB), two_a10s)["verdict"] == "compatible"
+    needs = compat.gpu_needs(two_gpu_image(GIB))
+    assert needs is not None and needs.spread == 2
+    assert (needs.per_gpu, needs.per_gpu_on(1), needs.per_gpu_on(2)) == (GIB, 2 * GIB, GIB)
+
+
+def test_each_saved_device_is_checked_against_the_gpu_it_lands_on():
+    """Where every saved index exists, cuda:1 goes to this node's cuda:1, however large
+    its cuda:0 is."""
+    big, small = NODES["h100"]["gpus"][0], {**NODES["a10"]["gpus"][0], "index": 1}
+    image = two_gpu_image(GIB)
+    image["gpu"]["device_bytes"] = {"cuda:0": GIB, "cuda:1": 30 * GIB}
+    mixed = {**NODES["h100"], "gpus": [big, small]}
+    assert compat.check(image, mixed)["reasons"][0] == (
+        "needs 30.0 GiB of GPU memory on one GPU (cuda:1); cuda:1 here (NVIDIA A10) has 22.0 GiB"
+    )
+
+
+def test_the_check_maps_devices_as_the_restore_does():
+    """compat.device_map is DeviceMapper's rule, which the restore applies."""
+    from fake_devices import FakeDeviceOps
+
+    from jupyter_ckpt.image.devices import DeviceMapper
+
+    for saved in (["cuda:0"], ["cuda:0", "cuda:1"], ["cuda:0", "cuda:3"], ["cuda:2", "cuda:5"]):
+        for count in (1, 2, 3, 8):
+            mapper = DeviceMapper(FakeDeviceOps(count), ["cpu", *saved], None)
+            restored = {d: int(mapper.resolve(d).partition(":")[2]) for d in saved}
+            assert compat.device_map(saved, count) == restored, (saved, count)
+    images = compat.gpu_needs(two_gpu_image(GIB)).merge(
+        compat.gpu_needs({**gpu_image(NODES["a10"], {"cuda:3": GIB}), "devices": ["cuda:3"]})
+    )
+    # each image is mapped on its own: the second one's cuda:3 goes to cuda:0
+    assert images.load(2) == {0: (2 * GIB, ["cuda:0", "cuda:3"]), 1: (GIB, ["cuda:1"])}
