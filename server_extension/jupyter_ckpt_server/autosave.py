@@ -8,6 +8,8 @@ never the kernel's shell, so a cell the user runs meanwhile is not queued behind
 image is verified, as a suspend's is, before the kernel's record names it.
 
 The record (``state: "running"``) is what makes a crash recoverable (:mod:`.recovery`).
+A restored kernel gets one at once, naming the image it was restored from (the manager
+drops the suspended record), so a crash before its first autosave is recoverable too.
 It also lists the cells run after the autosave: the server reads their numbers from the
 kernel's ``execute_input`` messages on iopub, and rewrites the record at most every
 :data:`RECORD_REFRESH_SECONDS` (one small signed file; a crash loses at most that much of
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -32,6 +35,7 @@ from traitlets import Instance
 from traitlets.config import LoggingConfigurable
 
 from jupyter_ckpt.errors import CkptError
+from jupyter_ckpt.kernel import summarize_save
 from jupyter_ckpt.kernel.background import read_result
 
 from .manager import CkptManager, SuspendFailed
@@ -94,6 +98,18 @@ class Autosaver(LoggingConfigurable):
             await self.settle(kernel_id, action)
 
         km.before_action = before_action
+        restore = self.manager._restore
+
+        async def restore_and_record(kernel_id: str, trigger: str) -> dict[str, Any]:
+            record = km.suspended.get(kernel_id)
+            report = await restore(kernel_id, trigger)
+            if record is not None and report.get("image_id") and not report.get("error"):
+                await self.restored(kernel_id, record)
+            return report
+
+        # Wrapped rather than hooked: the record is written inside the shared restore, so
+        # no autosave starts (due() sees the restore) before it is there.
+        self.manager._restore = restore_and_record
 
     @property
     def policy(self) -> Any:
@@ -182,16 +198,21 @@ class Autosaver(LoggingConfigurable):
         if kernel_id in km.ckpt_states or kernel_id in manager._restores:
             return False
         kernel = km.get_kernel(kernel_id)
-        if kernel.kernel_name in self.policy.exclude_kernel_names:
-            return False  # never saved, neither by a suspend nor in the background
-        metadata = kernel.kernel_spec.metadata
-        interval = self.policy.for_spec("autosave_interval", metadata)
+        interval = self.interval(kernel)
         if interval == 0 or time.monotonic() - tracked.saved_at < interval:
             return False
+        metadata = kernel.kernel_spec.metadata
         if kernel.execution_state != "idle":
             return False
         idle = (datetime.now(timezone.utc) - kernel.last_activity).total_seconds()
         return idle >= self.policy.for_spec("autosave_idle", metadata)
+
+    def interval(self, kernel: Any) -> float:
+        """The kernel's autosave interval; 0 (off) for kernels of excluded specs, which
+        are never saved, neither by a suspend nor in the background."""
+        if kernel.kernel_name in self.policy.exclude_kernel_names:
+            return 0
+        return self.policy.for_spec("autosave_interval", kernel.kernel_spec.metadata)
 
     def tick(self) -> list[str]:
         """Start the autosaves that are due, up to ``autosave_concurrency``; their ids."""
@@ -227,8 +248,22 @@ class Autosaver(LoggingConfigurable):
                 self.log.exception("jupyter_ckpt autosave tick failed")
 
     def begin(self) -> None:
-        if self._task is None and self.policy.autosave_interval > 0:
+        """Start the loop where autosave is on, globally or for some installed kernelspec
+        (its metadata may turn it on while it is off globally); the kernelspecs are read
+        once, so a spec installed later needs a server restart for that."""
+        if self._task is None and (self.policy.autosave_interval > 0 or self._spec_wants_it()):
             self._task = asyncio.ensure_future(self._run())
+
+    def _spec_wants_it(self) -> bool:
+        specs_of = self.manager.kernel_manager.kernel_spec_manager.get_all_specs
+        if inspect.iscoroutinefunction(specs_of):  # a gateway's: its kernels are remote
+            return False
+        specs = specs_of()
+        return any(
+            self.policy.for_spec("autosave_interval", spec["spec"].get("metadata")) > 0
+            for name, spec in specs.items()
+            if name not in self.policy.exclude_kernel_names
+        )
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -321,14 +356,24 @@ class Autosaver(LoggingConfigurable):
             await asyncio.sleep(RESULT_POLL_SECONDS)
         return read_result(path, begun["log"], None)
 
-    async def _record(self, kernel_id: str, tracked: Tracked, summary: dict[str, Any]) -> None:
-        """Name the new image in the kernel's running record; drop the previous autosave."""
+    async def _record(
+        self,
+        kernel_id: str,
+        tracked: Tracked,
+        summary: dict[str, Any],
+        restored_at: str | None = None,
+    ) -> None:
+        """Name the image in the kernel's running record: the new autosave (then drop the
+        previous one), or the image the kernel was restored from (written ``restored_at``;
+        not the autosaver's to drop)."""
         km = self.manager.kernel_manager
         kernel = km.get_kernel(kernel_id)
         launch = km.launch.get(kernel_id, {})
         count = summary.get("execution_count") or 0
         tracked.executed = [n for n in tracked.executed if n >= count]
-        previous, tracked.image_id = tracked.image_id, summary["id"]
+        previous = tracked.image_id
+        if restored_at is None:
+            tracked.image_id = summary["id"]
         tracked.record = {
             "kernel_id": kernel_id,
             "kernel_name": kernel.kernel_name,
@@ -338,9 +383,9 @@ class Autosaver(LoggingConfigurable):
             "kernel_info": tracked.kernel_info,
             "last_activity": kernel.last_activity.isoformat(),
             "suspended_at": _now(),
-            "autosave_at": _now(),
+            "autosave_at": restored_at or _now(),
             "execution_count": count,
-            "trigger": "autosave",
+            "trigger": "restore" if restored_at else "autosave",
             "gpu": self.manager.gpu_usage(kernel_id).to_json(),
             "lost": summary["lost"],
             "bytes": summary["bytes"],
@@ -352,6 +397,25 @@ class Autosaver(LoggingConfigurable):
         await self._write(kernel_id, tracked)
         if previous is not None and previous != tracked.image_id:
             await asyncio.to_thread(self.manager._forget_image, previous)
+
+    async def restored(self, kernel_id: str, record: dict[str, Any]) -> None:
+        """A kernel was restored from the image of ``record`` (its suspended record, which
+        the manager removed): name that image in a running record, with the execution
+        count at it, so that a crash before the next autosave is recoverable from it."""
+        tracked = self.tracked.get(kernel_id)
+        km = self.manager.kernel_manager
+        if tracked is None or not self._may_write(kernel_id):
+            return
+        if self.interval(km.get_kernel(kernel_id)) == 0:
+            return  # no autosave, no running record: a crash is not recoverable
+        try:
+            manifest = await asyncio.to_thread(self.manager.store.open, record["image_id"])
+            if tracked.kernel_info is None:
+                tracked.kernel_info = record.get("kernel_info")
+            summary = {**summarize_save(manifest, 0.0), "written": 0}
+            await self._record(kernel_id, tracked, summary, restored_at=manifest["created"])
+        except (CkptError, OSError) as exc:
+            self.log.warning("Could not write the record of kernel %s: %s", kernel_id, exc)
 
     # -- the running record -------------------------------------------------------------------
 

@@ -53,13 +53,17 @@ def recovery_message(record: dict[str, Any]) -> str:
     """ "Restored from the autosave of 14:02 UTC (...); cells run after it: In[41], In[42]"."""
     recovered = record["recovered"]
     saved = datetime.fromisoformat(recovered["autosave_at"])
-    text = f"jupyter-ckpt: restored from the autosave of {_clock(recovered['autosave_at'])}"
+    saved_at = _clock(recovered["autosave_at"])
+    if record.get("trigger") == "restore":  # it crashed after a restore, before an autosave
+        text = f"jupyter-ckpt: restored from the image of {saved_at} it was last restored from"
+    else:
+        text = f"jupyter-ckpt: restored from the autosave of {saved_at}"
     alive = recovered.get("crashed_after")
     if alive:
         minutes = (datetime.fromisoformat(alive) - saved).total_seconds() / 60
         text += (
             f" (the kernel crashed after {_clock(alive)}, when the server last saw it "
-            f"alive, {minutes:.0f} minute(s) after the autosave)"
+            f"alive, {minutes:.0f} minute(s) after that image)"
         )
     cells = record.get("cells_after") or []
     if cells:

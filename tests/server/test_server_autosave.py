@@ -6,6 +6,8 @@ not depend on timing; the crash test (test_server_crash.py) runs the real loop.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -237,3 +239,43 @@ async def test_a_kernel_with_cuda_initialized_saves_in_the_kernel_and_reports_th
     assert event["mode"] == "blocking" and event["stall_seconds"] > 0, event
     assert "a forked child cannot use it" in event["msg"]
     assert manager.records.get(kernel_id)["state"] == "running"
+
+
+async def test_a_kernelspec_can_turn_autosave_on_when_it_is_off_globally(
+    jp_data_dir, manager, autosaver
+):
+    await autosaver.stop()
+    manager.policy.autosave_interval = 0
+    autosaver.begin()
+    assert autosaver._task is None  # off everywhere: no loop
+    spec = jp_data_dir / "kernels" / "autosaved"
+    spec.mkdir(parents=True)
+    metadata = {"jupyter_ckpt": {"autosave_interval": 60}}
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {"argv": argv, "display_name": "Autosaved", "language": "python", "metadata": metadata}
+        )
+    )
+    autosaver.begin()
+    assert autosaver._task is not None
+
+
+async def test_autosave_concurrency_caps_the_autosaves_running_at_once(
+    jp_fetch, manager, autosaver, connect
+):
+    await autosaver.stop()  # this test runs the ticks itself
+    manager.policy.autosave_idle = 0
+    kernels = []
+    for path in ("a.ipynb", "b.ipynb"):
+        _, kernel_id = await start_session(jp_fetch, path)
+        client = await connect(kernel_id)
+        await client.execute("x = 1")
+        await poll(lambda k=kernel_id: autosaver.tracked[k].executed, what="the cell to be seen")
+        kernels.append(kernel_id)
+    (first,) = await poll(autosaver.tick, what="an autosave to start")
+    assert autosaver.tick() == []  # one runs: autosave_concurrency (1) is reached
+    await autosaver.tracked[first].task
+    (second,) = await poll(autosaver.tick, what="the other autosave to start")
+    assert {first, second} == set(kernels)
+    await autosaver.tracked[second].task

@@ -105,3 +105,38 @@ async def test_a_clean_stop_leaves_no_recoverable_kernel(tmp_path, suspend_on_sh
             assert read_record(tmp_path, kernel_id) is None
     finally:
         server.terminate()
+
+
+async def test_a_kernel_that_crashes_after_a_restore_is_recovered_from_that_image(tmp_path):
+    # no autosave comes by itself: the running record is the one the restore wrote
+    server = ServerProcess(tmp_path, {**AUTOSAVE, "autosave_idle": 3600})
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        image_id = (await server.fetch("POST", f"ckpt/kernels/{kernel_id}/suspend", {}))["id"]
+        assert await server.run_cell(kernel_id, "y = x + 1\ny") == "42"  # restores
+        record = read_record(tmp_path, kernel_id)
+        assert (record["state"], record["image_id"], record["execution_count"]) == (
+            "running",
+            image_id,
+            2,
+        )
+
+        def cells_after() -> list[int]:
+            return (read_record(tmp_path, kernel_id) or {}).get("cells_after")
+
+        await poll(lambda: cells_after() == [2], what="the record to list In[2]")
+    finally:
+        crash(server)
+
+    await server.start()
+    try:
+        kernels = await poll(lambda: server.get("kernels"), what="the kernel to be listed")
+        assert [(k["id"], k["ckpt"]["state"]) for k in kernels] == [(kernel_id, "suspended")]
+        assert "recovered" in kernels[0]["ckpt"]
+        text = await server.run_cell(kernel_id, "x")
+        assert "41" in text and "it was last restored from" in text, text
+        assert "cells run after it, whose effects are lost: In[2]" in text
+    finally:
+        server.terminate()
