@@ -26,6 +26,7 @@ import collections, math
 from collections import OrderedDict, defaultdict, Counter, deque, namedtuple
 from math import sqrt
 from os.path import join
+import xml.dom.minidom
 od = OrderedDict([("z", 1), ("a", 2)])
 dd = defaultdict(lambda: "missing")
 dd["x"] = "y"
@@ -357,6 +358,8 @@ TRUTHS: dict[str, list[str]] = {
         "sqrt is math.sqrt", "join is __import__('os').path.join",
         "OrderedDict is collections.OrderedDict", "np is __import__('sys').modules['numpy']",
         "namedtuple is collections.namedtuple", "field is dataclasses.field",
+        # `import a.b.c` binds `a`: the restore must import the submodules too
+        "xml.dom.minidom.parseString('<a/>').documentElement.tagName == 'a'",
     ],
     "code": [
         "type(rex) is Dog", "isinstance(rex, Animal)", "rex.speak() == 'rex says woof'",
@@ -404,6 +407,9 @@ TRUTHS: dict[str, list[str]] = {
 }  # fmt: skip
 
 
+RAW_HISTORY = "get_ipython().history_manager.input_hist_raw[:{}]"
+
+
 @dataclass
 class RoundTrip:
     kernel: Kernel
@@ -417,6 +423,7 @@ class RoundTrip:
     count_after_restore: int
     saved_cwd: str
     saved_history: list[str]
+    saved_raw_history: list[str]
     saved_reprs: list[str]
     restored_reprs: list[str]
     restored_names: set[str]
@@ -442,6 +449,7 @@ def rt(start_kernel, ckpt_paths) -> RoundTrip:
     assert save_count is not None
     saved_cwd = a.eval("__import__('os').getcwd()")
     saved_history = a.eval(f"In[:{save_count + 1}]")
+    saved_raw_history = a.eval(RAW_HISTORY.format(save_count + 1))
     saved_reprs = a.eval(REPR_PROBE)
     saved_probes = probe_all(a)
     a.shutdown()
@@ -456,7 +464,8 @@ def rt(start_kernel, ckpt_paths) -> RoundTrip:
     b.ckpt("save rt2")  # the restored state, untouched yet, for the second generation
     return RoundTrip(
         b, save_output, restore_output, saved_probes, probe_all(b), truths_in_a, truths_in_b,
-        save_count, count_after_restore, saved_cwd, saved_history, saved_reprs,
+        save_count, count_after_restore, saved_cwd, saved_history, saved_raw_history,
+        saved_reprs,
         restored_reprs, restored_names, env,
     )  # fmt: skip
 
@@ -569,6 +578,9 @@ def test_kernel_state_restored(rt: RoundTrip) -> None:
     assert rt.count_after_restore == rt.save_count + 1
     assert k.eval(f"In[:{rt.save_count + 1}]") == rt.saved_history
     assert any("class Dog(Animal)" in cell for cell in rt.saved_history)
+    # the raw form too (what %history and the frontends show): magics as typed
+    assert k.eval(RAW_HISTORY.format(rt.save_count + 1)) == rt.saved_raw_history
+    assert "%ckpt save rt" in rt.saved_raw_history
 
 
 def test_unsaveable_named_in_save_output(rt: RoundTrip) -> None:

@@ -145,6 +145,22 @@ def test_gc_spares_old_chunks_a_writer_reuses(store: ImageStore) -> None:
     assert store.gc()[0] == len(orphans - reused) == 1, "only the old pickle chunk goes"
 
 
+def test_gc_keeps_unreferenced_chunks_younger_than_its_grace(store: ImageStore) -> None:
+    """With no lease to go by (a writer on another node whose lease is lost), the grace
+    period alone must keep chunks a manifest may still come to name."""
+    save(store, "old", data=np.arange(2 * CHUNK_SIZE // 8, dtype=np.float64))
+    store.delete("old")
+    orphans = stored_chunks(store)
+    assert orphans and not store.backend.listdir("leases")
+    assert tuple(store.gc(grace_seconds=3600)) == (0, 0)
+    assert stored_chunks(store) == orphans
+    hours_ago = time.time() - 7200
+    for path in orphans:
+        os.utime(Path(store.backend.root, path), (hours_ago, hours_ago))
+    assert store.gc(grace_seconds=3600)[0] == len(orphans)
+    assert stored_chunks(store) == set()
+
+
 # -- resolve ------------------------------------------------------------------------------
 
 

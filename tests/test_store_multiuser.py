@@ -129,6 +129,20 @@ def test_unreadable_manifest_is_skipped_with_a_note(shared: Path) -> None:
     assert gc["ok"]["files"] == 0 and "cannot read" in gc["ok"]["notes"][0]
 
 
+def test_a_chunk_the_writer_cannot_read_back_is_written_again(shared: Path) -> None:
+    """Dedupe onto a chunk is only safe if the writer can read it: one it may touch but
+    not read (here writable by the group, readable by nobody but its owner) is replaced."""
+    as_user(shared, "bob", ["save", "data", 1, 1])
+    prefix = shared / "users" / "bob"
+    (chunk,) = [p for p in (prefix / "chunks").rglob("*") if p.is_file() and p.stat().st_size]
+    os.chown(chunk, USERS["alice"], GROUP)
+    chunk.chmod(0o620)
+    again, verified = as_user(shared, "bob", ["save", "data", 1, 1], ["verify", "data"])
+    assert again["ok"]["written"] >= 1 << 20, again
+    assert verified == {"ok": again["ok"]["id"]}
+    assert chunk.stat().st_uid == USERS["bob"]
+
+
 def test_store_of_the_single_user_layout_moves_into_the_user_prefix(tmp_path: Path) -> None:
     before = ImageStore(url=str(tmp_path / "src"), user="carol", secret_file=str(tmp_path / "s"))
     manifest = save_namespace(before, {"x": np.arange(10)}, name="old")

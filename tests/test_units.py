@@ -124,6 +124,27 @@ def test_sharing_survives_one_stream(store: ImageStore) -> None:
     assert restored["opt"].param_groups[0]["params"][0] is restored["model"].weight
 
 
+def test_a_variable_that_fails_midway_leaves_no_trace_in_the_stream(store: ImageStore) -> None:
+    """A variable that fails after pickling part of itself (here: the shared list, then a
+    lock) is cut back out: the variables after it, which reach the same list, must not
+    refer to memo entries the restore never sees."""
+    shared = ["data", 1, 2]
+    namespace = {
+        "before": 0,
+        "broken": [shared, threading.Lock()],
+        "after": [shared, {"k": shared}],
+        "again": shared,
+    }
+    manifest = image.capture(dict(namespace), namespace, store.writer(), name="midway")
+    statuses = {v["name"]: v["status"] for v in manifest["variables"]}
+    assert statuses == {"before": "saved", "broken": "lost", "after": "saved", "again": "saved"}
+    restored: dict[str, Any] = {}
+    report = image.restore(manifest, store.read_segments(manifest), restored)
+    assert set(report.missing) == {"broken"}, report.missing
+    assert restored == {"before": 0, "after": [shared, {"k": shared}], "again": shared}
+    assert restored["after"][0] is restored["after"][1]["k"] is restored["again"]
+
+
 def test_arrays_and_tensors_are_listed_with_shape_and_dtype(store: ImageStore) -> None:
     """The Details view shows what an array is without loading it."""
     namespace = {

@@ -92,15 +92,22 @@ async def kept_running_until_done(
     after it, the kernel is suspended."""
     km = manager.kernel_manager
     seen: list[str] = []
+    idle_while_working: list[float] = []
 
     async def done() -> bool:
         assert not km.is_suspended(kernel_id), f"suspended at step {progress_of(progress)}"
-        blocked = (await status_of(jp_fetch, kernel_id))["blocked_by"]
-        seen.extend(b for b in blocked if b.startswith(reason))
+        status = await status_of(jp_fetch, kernel_id)
+        working = [b for b in status["blocked_by"] if b.startswith(reason)]
+        seen.extend(working)
+        if working:
+            idle_while_working.append(status["idle_seconds"])
         return progress_of(progress) == STEPS
 
     await poll(done, timeout=60, what="the work to end")
     assert seen, f"the status never said {reason!r}"
+    # work seen is activity: the idle clock restarts at every sighting, so it never runs
+    # up to the work's 5 s (it would with the last cell as its only start)
+    assert max(idle_while_working) < STEPS * 0.1 / 2, idle_while_working
     await poll(lambda: km.is_suspended(kernel_id), timeout=30, what="the suspension")
     # and let the suspend finish (shutdown, retention) before the server stops
     await poll(lambda: kernel_id not in manager._suspending, what="the suspend to finish")

@@ -108,7 +108,9 @@ async def test_a_failure_on_unsaveable_variables_ends_when_they_are_deleted(
 ):
     kernel_id = await start_kernel()
     client = await connect(kernel_id)
-    await client.execute("gen = (i for i in range(3))\nimport tempfile\nfh = tempfile.TemporaryFile('w')\nkept = 1")
+    await client.execute(
+        "gen = (i for i in range(3))\nimport tempfile\nfh = tempfile.TemporaryFile('w')\nkept = 1"
+    )
     await idle_for_a_moment(manager, kernel_id)
     assert await monitor.tick() == []
 

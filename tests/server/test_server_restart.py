@@ -24,6 +24,9 @@ async def test_sigterm_suspends_and_the_restarted_server_restores(tmp_path):
         server.terminate()
     records = list((tmp_path / "store").glob("users/*/kernels/*.json"))
     assert [r.stem for r in records] == [kernel_id]
+    # as after a respawn on another node: the sessions database is gone, the record
+    # alone brings the notebook's session back
+    (tmp_path / "sessions.db").unlink()
 
     await server.start()
     try:

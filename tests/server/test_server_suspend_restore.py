@@ -235,3 +235,46 @@ async def test_a_restoring_process_without_activity_markers_is_listed_from_its_r
         del km._kernels[kernel_id]
     assert [(k["id"], k["ckpt"]["state"]) for k in kernels] == [(kernel_id, "suspended")]
     assert model["last_activity"] == km.suspended[kernel_id]["last_activity"]
+
+
+async def test_a_busy_kernel_is_not_suspended_on_request(jp_fetch, connect, manager, tmp_path):
+    """Busy means a cell is running: a suspend asked for meanwhile (REST, hub, shutdown of
+    one kernel) is refused, and the cell finishes in the same process."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    release = tmp_path / "release"
+    cell = client.send(
+        "execute_request",
+        {
+            "code": "import os, time\nt = time.monotonic()\n"
+            f"while not os.path.exists({str(release)!r}) and time.monotonic() < t + 120:\n"
+            "    time.sleep(0.02)\nx = 'finished'",
+            "silent": False,
+        },
+    )
+    kernel = manager.kernel_manager.get_kernel(kernel_id)
+    await poll(lambda: kernel.execution_state == "busy", what="the cell to start")
+    pid = manager.kernel_pid(kernel_id)
+    with pytest.raises(SuspendFailed, match="busy"):
+        await manager.suspend(kernel_id)
+    release.touch()
+    assert (await client.reply_to(cell))["content"]["status"] == "ok"
+    _, outputs = await client.execute("print(x)")
+    assert text_of(outputs) == "finished\n"
+    assert manager.kernel_pid(kernel_id) == pid and manager.store.image_ids() == []
+
+
+async def test_the_launch_environment_comes_back_with_the_kernel(connect, manager):
+    """A kernel started with its own environment (a spawner's or an API caller's, not in
+    the server's) gets it again when it is restored: it is not in the image, which keeps
+    only what the user changed."""
+    km = manager.kernel_manager
+    kernel_id = await km.start_kernel(
+        kernel_name="python3", env={**os.environ, "CKPT_LAUNCH_ONLY": "from-the-launcher"}
+    )
+    client = await connect(kernel_id)
+    await client.execute("v = 5")
+    await manager.suspend(kernel_id)
+    client = await connect(kernel_id)
+    _, outputs = await client.execute("import os; print(v, os.environ.get('CKPT_LAUNCH_ONLY'))")
+    assert text_of(outputs) == "5 from-the-launcher\n"
