@@ -5,11 +5,12 @@ import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 
 import { showDetails } from './details';
-import { formatBytes, shortId } from './format';
+import { baseName, formatBytes, shortId } from './format';
 import { confirmSuspend, KernelStatusModel } from './kernelstatus';
 import { IRowActions } from './panel';
+import { IResumed, IResumeHost, ResumeTarget, resumeInto } from './resume';
 import { imageLabel, ISessionRow, SavedSessionsModel } from './sessions';
-import { ICkptApi, IResumeReply, IWriteReply } from './types';
+import { ICkptApi, IWriteReply } from './types';
 
 function reason(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
@@ -49,36 +50,20 @@ export class CkptActions implements IRowActions {
     await this._write('Suspend', kernelId, () => this._api.suspend(kernelId));
   }
 
-  /** Open the row's notebook on a kernel restored from its image (a console when the
-   * notebook is gone); a suspended kernel's row opens its notebook as it is. The server
-   * makes the restored kernel the notebook's only one: the kernel the notebook had, open
-   * or not, is shut down, after the user agreed when it runs with state to lose. */
-  async resume(row: ISessionRow): Promise<void> {
+  /** Resume the row's image into its notebook (the default: opened if closed, a
+   * console when the file is gone; a suspended kernel's row opens its notebook as it
+   * is), a new notebook, or a console (see `resumeInto`). The server makes the restored
+   * kernel a notebook's only one: the kernel it had, open or not, is shut down, after the
+   * user agreed when it runs with state to lose. */
+  async resume(
+    row: ISessionRow,
+    target: ResumeTarget = 'notebook'
+  ): Promise<void> {
     try {
-      const notebook =
-        row.notebook && (await this._exists(row.notebook))
-          ? row.notebook
-          : null;
-      if (row.suspendedKernel) {
-        this._openOn(notebook, row.suspendedKernel);
-        return;
+      const resumed = await resumeInto(row, target, this._resumeHost);
+      if (resumed) {
+        this._reportResume(row, resumed);
       }
-      if (notebook && !(await this._confirmReplace(notebook))) {
-        return;
-      }
-      const reply = await this._api.resume(
-        row.image.id,
-        notebook ? { path: notebook } : {}
-      );
-      const open = notebook ? this._docManager.findWidget(notebook) : undefined;
-      if (open) {
-        // the server moved the session already; this only switches the open widget
-        await open.context.sessionContext.changeKernel({ id: reply.kernel.id });
-        this._app.shell.activateById(open.id);
-      } else {
-        this._openOn(notebook, reply.kernel.id);
-      }
-      this._reportResume(row, reply);
     } catch (error) {
       Notification.error(`Could not resume ${row.title}: ${reason(error)}`, {
         autoClose: false
@@ -86,6 +71,30 @@ export class CkptActions implements IRowActions {
     }
     void this._sessions.refresh();
   }
+
+  private readonly _resumeHost: IResumeHost = {
+    exists: path => this._exists(path),
+    confirmReplace: path => this._confirmReplace(path),
+    newNotebook: async dir =>
+      (
+        await this._app.serviceManager.contents.newUntitled({
+          path: dir,
+          type: 'notebook'
+        })
+      ).path,
+    deleteFile: path => this._app.serviceManager.contents.delete(path),
+    resume: (id, path) => this._api.resume(id, path ? { path } : {}),
+    open: async (path, kernelId) => {
+      const open = path ? this._docManager.findWidget(path) : undefined;
+      if (open) {
+        // the server moved the session already; this only switches the open widget
+        await open.context.sessionContext.changeKernel({ id: kernelId });
+        this._app.shell.activateById(open.id);
+      } else {
+        this._openOn(path, kernelId);
+      }
+    }
+  };
 
   /** Delete the row's image after a confirmation that names the image (its notebook
    * file is not touched, and the wording must not suggest it is). */
@@ -159,9 +168,15 @@ export class CkptActions implements IRowActions {
     ]);
   }
 
-  private _reportResume(row: ISessionRow, reply: IResumeReply): void {
+  private _reportResume(row: ISessionRow, { reply, path }: IResumed): void {
     const missing = lostText(reply.restore.missing);
-    const message = `Resumed ${row.title} on kernel ${shortId(reply.kernel.id)}.${missing}`;
+    const where =
+      path === null
+        ? ' in a console'
+        : path !== row.notebook
+          ? ` in ${baseName(path)}`
+          : '';
+    const message = `Resumed ${row.title}${where} on kernel ${shortId(reply.kernel.id)}.${missing}`;
     if (missing) {
       Notification.warning(message, { autoClose: false });
     } else {

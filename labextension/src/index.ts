@@ -29,7 +29,8 @@ import {
   KernelStatusModel
 } from './kernelstatus';
 import { SavedSessionsPanel } from './panel';
-import { SavedSessionsModel } from './sessions';
+import { RESUME_COMMANDS, resumeChoices, ResumeTarget } from './resume';
+import { rowActions, SavedSessionsModel } from './sessions';
 import { KernelStatusItem } from './statusitem';
 import { EVENT_SCHEMA, ICkptEvent } from './types';
 
@@ -66,7 +67,12 @@ function activate(
   );
   const kernels = new KernelStatusModel(api);
   const actions = new CkptActions(app, docManager, api, sessions, kernels);
-  const panel = new SavedSessionsPanel(sessions, kernels, actions);
+  const panel = new SavedSessionsPanel(
+    sessions,
+    kernels,
+    actions,
+    app.commands
+  );
   app.shell.add(panel, 'left', { rank: 700 });
 
   const poll = new Poll({
@@ -152,6 +158,53 @@ function activate(
     ids.map(command => ({ command })),
     50
   );
+  // Resume in its notebook, a new notebook or a console: from the Resume button's
+  // menu (args.imageId) or the row's context menu (the row under the pointer)
+  const rowOf = (args: { [key: string]: unknown }) => {
+    const imageId =
+      typeof args.imageId === 'string'
+        ? args.imageId
+        : app.contextMenuHitTest(node => !!node.dataset.imageId)?.dataset
+            .imageId;
+    return imageId ? panel.rowOf(imageId) : undefined;
+  };
+  const choice = (target: ResumeTarget, args: { [key: string]: unknown }) => {
+    const row = rowOf(args);
+    return row ? resumeChoices(row).find(c => c.target === target) : undefined;
+  };
+  for (const [target, command] of Object.entries(RESUME_COMMANDS) as [
+    ResumeTarget,
+    string
+  ][]) {
+    const fallback = resumeChoices({
+      image: { id: '', state: 'saved' },
+      notebook: 'notebook',
+      title: '',
+      suspendedKernel: null
+    }).find(c => c.target === target)!;
+    app.commands.addCommand(command, {
+      label: args => (choice(target, args) ?? fallback).label,
+      caption: args => (choice(target, args) ?? fallback).caption,
+      isEnabled: args => {
+        const row = rowOf(args);
+        return (
+          !!row &&
+          rowActions(row.image).includes('resume') &&
+          !!choice(target, args)?.enabled
+        );
+      },
+      execute: args => {
+        const row = rowOf(args);
+        return row ? actions.resume(row, target) : undefined;
+      }
+    });
+    app.contextMenu.addItem({
+      command,
+      selector: '.jp-CkptPanel .jp-CkptRow[data-image-id]',
+      rank: 1
+    });
+  }
+
   kernels.changed.connect(() => app.commands.notifyCommandChanged());
   tracker.currentChanged.connect(() => app.commands.notifyCommandChanged());
 

@@ -1,6 +1,8 @@
 /** The Saved sessions sidebar: suspended kernels and saved images, with their actions. */
 
 import {
+  caretDownIcon,
+  MenuSvg,
   ReactWidget,
   refreshIcon,
   tagIcon,
@@ -12,6 +14,7 @@ import { exactTime, formatBytes, relativeTime, shortId } from './format';
 import { ckptIcon } from './icon';
 import { Compatibility, gpuNeed, ProgressLine, RecoveredBadge } from './badges';
 import { KernelStatusModel } from './kernelstatus';
+import { RESUME_COMMANDS, ResumeTarget } from './resume';
 import {
   changeSince,
   deleteBlocked,
@@ -24,7 +27,7 @@ import {
 } from './sessions';
 
 export interface IRowActions {
-  resume(row: ISessionRow): Promise<void>;
+  resume(row: ISessionRow, target?: ResumeTarget): Promise<void>;
   remove(row: ISessionRow): Promise<void>;
   details(row: ISessionRow): Promise<void>;
 }
@@ -33,9 +36,12 @@ export class SavedSessionsPanel extends ReactWidget {
   constructor(
     readonly model: SavedSessionsModel,
     private readonly _kernels: KernelStatusModel,
-    private readonly _actions: IRowActions
+    private readonly _actions: IRowActions,
+    commands: ConstructorParameters<typeof MenuSvg>[0]['commands']
   ) {
     super();
+    this._resumeMenu = new MenuSvg({ commands });
+    this._resumeMenu.addClass('jp-CkptResumeMenu');
     this.id = 'jupyter-ckpt-sessions';
     this.title.icon = ckptIcon;
     this.title.caption = 'Saved sessions';
@@ -44,6 +50,27 @@ export class SavedSessionsPanel extends ReactWidget {
     this.node.setAttribute('aria-label', 'Saved sessions');
     model.changed.connect(this._onModelChanged, this);
     _kernels.changed.connect(this.update, this);
+  }
+
+  /** The row whose image the Resume menu, or the row's context menu, is about. */
+  rowOf(imageId: string): ISessionRow | undefined {
+    return this.model.allRows.find(row => row.image.id === imageId);
+  }
+
+  dispose(): void {
+    this._resumeMenu.dispose();
+    super.dispose();
+  }
+
+  /** The Resume button's menu, below it: its notebook, a new notebook, a console. */
+  private _openResumeMenu(row: ISessionRow, button: HTMLElement): void {
+    const menu = this._resumeMenu;
+    menu.clearItems();
+    for (const command of Object.values(RESUME_COMMANDS)) {
+      menu.addItem({ command, args: { imageId: row.image.id } });
+    }
+    const box = button.getBoundingClientRect();
+    menu.open(box.left, box.bottom);
   }
 
   private _onModelChanged(): void {
@@ -295,19 +322,29 @@ export class SavedSessionsPanel extends ReactWidget {
     }
     const buttons: Record<RowAction, JSX.Element> = {
       resume: (
-        <button
-          key="resume"
-          className="jp-CkptButton jp-mod-accept"
-          onClick={() => void this._actions.resume(row)}
-          aria-label={`${row.suspendedKernel ? 'Open' : 'Resume'} ${label}`}
-          title={
-            row.suspendedKernel
-              ? 'Open the notebook; running a cell restores its kernel'
-              : 'Start a kernel restored from this image and open its notebook'
-          }
-        >
-          {row.suspendedKernel ? 'Open' : 'Resume'}
-        </button>
+        <span key="resume" className="jp-CkptRow-resume">
+          <button
+            className="jp-CkptButton jp-mod-accept"
+            onClick={() => void this._actions.resume(row)}
+            aria-label={`${row.suspendedKernel ? 'Open' : 'Resume'} ${label}`}
+            title={
+              row.suspendedKernel
+                ? 'Open the notebook; running a cell restores its kernel'
+                : 'Start a kernel restored from this image and open its notebook'
+            }
+          >
+            {row.suspendedKernel ? 'Open' : 'Resume'}
+          </button>
+          <button
+            className="jp-CkptButton jp-mod-accept jp-CkptRow-resumeMenu"
+            onClick={event => this._openResumeMenu(row, event.currentTarget)}
+            aria-haspopup="menu"
+            aria-label={`Resume options for ${label}`}
+            title="Resume in its notebook, in a new notebook or in a console"
+          >
+            <caretDownIcon.react tag="span" elementPosition="center" />
+          </button>
+        </span>
       ),
       details: (
         <button
@@ -356,4 +393,6 @@ export class SavedSessionsPanel extends ReactWidget {
     const where = gpu?.model ?? devices?.filter(d => d !== 'cpu').join(', ');
     return gpuNeed(where || undefined, memory);
   }
+
+  private readonly _resumeMenu: MenuSvg;
 }

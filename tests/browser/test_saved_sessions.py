@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 
 from browser_helpers import (
+    KERNEL_IDLE,
     PANEL,
     STATUS,
+    ckpt_state,
     confirm,
     image_row,
     open_notebook,
@@ -54,6 +56,8 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
     # keyboard: from the filter, Tab reaches the row's buttons in reading order
     search.press("Tab")
     expect(row.get_by_role("button", name="Resume details.ipynb")).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(row.get_by_role("button", name="Resume options for details.ipynb")).to_be_focused()
     page.keyboard.press("Tab")
     expect(row.get_by_role("button", name="Details of details.ipynb")).to_be_focused()
     page.keyboard.press("Enter")
@@ -182,3 +186,37 @@ def test_resume_without_its_notebook_opens_a_console(page: Page, lab: Lab) -> No
     expect(console.locator(".jp-CodeConsole-content .jp-OutputArea-output")).to_have_text(
         "10", timeout=RESTORE_WAIT
     )
+
+
+def test_resume_into_a_new_notebook_leaves_the_source_notebook_alone(page: Page, lab: Lab) -> None:
+    notebook = lab.notebook("source.ipynb", STEADY_KERNEL)
+    open_notebook(page, lab, notebook)
+    run_cell(page, "%load_ext jupyter_ckpt")
+    run_cell(page, "w = 11")
+    image_id = saved_image_id(run_cell(page, "%ckpt save for-copy"))
+    source = next(s for s in lab.api("GET", "api/sessions") if s["path"] == notebook)
+
+    row = image_row(open_panel(page), image_id)
+    row.get_by_role("button", name="Resume options for source.ipynb").click()
+    menu = page.locator(".jp-CkptResumeMenu")
+    for label in ("Resume in Its Notebook", "Resume in New Notebook", "Resume in Console"):
+        expect(menu.locator(f".lm-Menu-itemLabel:text-is('{label}')")).to_be_visible()
+    screenshot(page, "resume-menu")
+    menu.locator(".lm-Menu-itemLabel:text-is('Resume in New Notebook')").click()
+    expect(toast(page, "Resumed source.ipynb in Untitled")).to_be_visible(timeout=RESTORE_WAIT)
+
+    # the new notebook is in front, on the restored kernel, with the image's variables
+    expect(page.locator(".jp-mod-current .lm-TabBar-tabLabel")).to_have_text(
+        re.compile(r"^Untitled\d*\.ipynb$")
+    )
+    expect(page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)).to_be_visible(
+        timeout=RESTORE_WAIT
+    )
+    expect(run_cell(page, "w * 3")).to_contain_text("33")
+    sessions = lab.api("GET", "api/sessions")
+    copies = [s for s in sessions if re.fullmatch(r"Untitled\d*\.ipynb", s["path"])]
+    assert len(copies) == 1, sessions
+    # the source notebook keeps its session and its kernel, still running
+    assert [s for s in sessions if s["path"] == notebook] == [source]
+    assert copies[0]["kernel"]["id"] != source["kernel"]["id"]
+    assert ckpt_state(lab, source["kernel"]["id"]) == "running"

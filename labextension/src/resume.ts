@@ -1,0 +1,138 @@
+/**
+ * Where a saved image is resumed: its own notebook (the default), a new notebook, or a
+ * console. Kept apart from the JupyterLab services it drives (`IResumeHost`), so that
+ * the rule "never two kernels for one notebook" can be tested on its own.
+ */
+
+import { ISessionRow } from './sessions';
+import { IResumeReply } from './types';
+
+export type ResumeTarget = 'notebook' | 'new-notebook' | 'console';
+
+/** One entry of a row's Resume menu. */
+export interface IResumeChoice {
+  target: ResumeTarget;
+  /** Title Case, as JupyterLab's menus name commands. */
+  label: string;
+  /** The tooltip: what happens, or why the entry is disabled. */
+  caption: string;
+  enabled: boolean;
+}
+
+/** The ways to resume a row's image, in menu order. */
+export function resumeChoices(row: ISessionRow): IResumeChoice[] {
+  const own: IResumeChoice = row.suspendedKernel
+    ? {
+        target: 'notebook',
+        label: 'Open Its Notebook',
+        caption: row.notebook
+          ? `Open ${row.notebook} on its suspended kernel; running a cell restores it`
+          : 'Open a console on the suspended kernel; running a cell restores it',
+        enabled: true
+      }
+    : {
+        target: 'notebook',
+        label: 'Resume in Its Notebook',
+        caption: row.notebook
+          ? `Start a kernel restored from this image as the kernel of ${row.notebook} (a console if that file is gone)`
+          : 'The image records no notebook: resume it in a new notebook or a console',
+        enabled: !!row.notebook
+      };
+  return [
+    own,
+    {
+      target: 'new-notebook',
+      label: 'Resume in New Notebook',
+      caption:
+        'Create an untitled notebook next to the original and start a kernel restored from this image for it',
+      enabled: true
+    },
+    {
+      target: 'console',
+      label: 'Resume in Console',
+      caption:
+        'Start a kernel restored from this image and open a console on it; no notebook is changed',
+      enabled: true
+    }
+  ];
+}
+
+/** The directory a new notebook for the row goes to: the original's, so that relative
+ * file paths in the restored variables' code still work. */
+export function newNotebookDir(row: ISessionRow): string {
+  const notebook = row.notebook ?? '';
+  const slash = notebook.lastIndexOf('/');
+  return slash < 0 ? '' : notebook.slice(0, slash);
+}
+
+/** What `resumeInto` needs from JupyterLab and the server. */
+export interface IResumeHost {
+  exists(path: string): Promise<boolean>;
+  /** Ask before replacing the notebook's running kernel; false: the user declined. */
+  confirmReplace(path: string): Promise<boolean>;
+  /** Create an untitled notebook in `dir`; its path. */
+  newNotebook(dir: string): Promise<string>;
+  deleteFile(path: string): Promise<void>;
+  /** `POST /api/ckpt/images/{id}/resume`, bound to `path` when given. */
+  resume(imageId: string, path: string | null): Promise<IResumeReply>;
+  /** Show `kernelId` in the notebook at `path`, or in a console when null. */
+  open(path: string | null, kernelId: string): Promise<void>;
+}
+
+/** What a resume ended with: the kernel restored, where it is shown (null: a console). */
+export interface IResumed {
+  reply: IResumeReply;
+  path: string | null;
+}
+
+/**
+ * Resume the row's image into `target`; null when nothing was restored (the user
+ * declined, or the row's suspended kernel was just opened).
+ *
+ * The kernel restored for a notebook is bound to it by the server, which shuts down
+ * the kernel it had: the notebook never has two. A new notebook or a console gets a
+ * kernel of its own, and the source notebook's kernel is left as it is.
+ */
+export async function resumeInto(
+  row: ISessionRow,
+  target: ResumeTarget,
+  host: IResumeHost
+): Promise<IResumed | null> {
+  if (target === 'console') {
+    const reply = await host.resume(row.image.id, null);
+    await host.open(null, reply.kernel.id);
+    return { reply, path: null };
+  }
+  if (target === 'new-notebook') {
+    const path = await host.newNotebook(newNotebookDir(row));
+    let reply: IResumeReply;
+    try {
+      reply = await host.resume(row.image.id, path);
+    } catch (error) {
+      // an empty "Untitled" left behind by a resume that failed would only confuse
+      await host.deleteFile(path).catch(() => undefined);
+      throw error;
+    }
+    await host.open(path, reply.kernel.id);
+    return { reply, path };
+  }
+  const notebook =
+    row.notebook && (await host.exists(row.notebook)) ? row.notebook : null;
+  if (row.suspendedKernel) {
+    await host.open(notebook, row.suspendedKernel);
+    return null;
+  }
+  if (notebook && !(await host.confirmReplace(notebook))) {
+    return null;
+  }
+  const reply = await host.resume(row.image.id, notebook);
+  await host.open(notebook, reply.kernel.id);
+  return { reply, path: notebook };
+}
+
+/** The commands of the row's Resume menu and context menu; args: `{ imageId }`. */
+export const RESUME_COMMANDS: Record<ResumeTarget, string> = {
+  notebook: 'jupyter-ckpt:resume-in-notebook',
+  'new-notebook': 'jupyter-ckpt:resume-in-new-notebook',
+  console: 'jupyter-ckpt:resume-in-console'
+};

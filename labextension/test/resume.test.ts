@@ -1,0 +1,148 @@
+import { describe, expect, it } from 'vitest';
+
+import {
+  IResumeHost,
+  newNotebookDir,
+  resumeChoices,
+  resumeInto
+} from '../src/resume';
+import { ISessionRow } from '../src/sessions';
+import { IResumeReply } from '../src/types';
+
+function row(extra: Partial<ISessionRow> = {}): ISessionRow {
+  return {
+    image: { id: 'img1', state: 'saved' },
+    notebook: 'work/train.ipynb',
+    title: 'train.ipynb',
+    suspendedKernel: null,
+    ...extra
+  };
+}
+
+/** A host that records what was asked of it; `files` exist, the user answers `agree`. */
+function host(files: string[] = ['work/train.ipynb'], agree = true) {
+  const calls: string[] = [];
+  let kernels = 0;
+  const fake: IResumeHost = {
+    exists: async path => files.includes(path),
+    confirmReplace: async path => {
+      calls.push(`confirm ${path}`);
+      return agree;
+    },
+    newNotebook: async dir => {
+      const path = `${dir ? dir + '/' : ''}Untitled.ipynb`;
+      calls.push(`create ${path}`);
+      return path;
+    },
+    deleteFile: async path => {
+      calls.push(`delete ${path}`);
+    },
+    resume: async (id, path): Promise<IResumeReply> => {
+      calls.push(`resume ${id} ${path ?? '-'}`);
+      return {
+        kernel: { id: `k${++kernels}`, name: 'python3' },
+        session: path ? { id: 's', path } : null,
+        restore: {}
+      };
+    },
+    open: async (path, kernelId) => {
+      calls.push(`open ${path ?? 'console'} ${kernelId}`);
+    }
+  };
+  return { fake, calls };
+}
+
+describe('resumeChoices', () => {
+  it('offers its notebook, a new notebook and a console, in Title Case', () => {
+    expect(resumeChoices(row()).map(c => [c.label, c.enabled])).toEqual([
+      ['Resume in Its Notebook', true],
+      ['Resume in New Notebook', true],
+      ['Resume in Console', true]
+    ]);
+  });
+  it('disables its notebook when the image names none', () => {
+    const own = resumeChoices(row({ notebook: null }))[0];
+    expect(own.enabled).toBe(false);
+    expect(own.caption).toContain('new notebook or a console');
+  });
+  it('opens a suspended kernel as it is rather than resuming it again', () => {
+    expect(resumeChoices(row({ suspendedKernel: 'k0' }))[0].label).toBe(
+      'Open Its Notebook'
+    );
+  });
+});
+
+describe('newNotebookDir', () => {
+  it("is the original notebook's directory, else the root", () => {
+    expect(newNotebookDir(row())).toBe('work');
+    expect(newNotebookDir(row({ notebook: 'a.ipynb' }))).toBe('');
+    expect(newNotebookDir(row({ notebook: null }))).toBe('');
+  });
+});
+
+describe('resumeInto', () => {
+  it('binds the restored kernel to its notebook after asking', async () => {
+    const { fake, calls } = host();
+    const done = await resumeInto(row(), 'notebook', fake);
+    expect(done?.path).toBe('work/train.ipynb');
+    expect(calls).toEqual([
+      'confirm work/train.ipynb',
+      'resume img1 work/train.ipynb',
+      'open work/train.ipynb k1'
+    ]);
+  });
+  it('starts nothing when the user keeps the running kernel', async () => {
+    const { fake, calls } = host(['work/train.ipynb'], false);
+    expect(await resumeInto(row(), 'notebook', fake)).toBeNull();
+    expect(calls).toEqual(['confirm work/train.ipynb']);
+  });
+  it('falls back to a console when its notebook is gone', async () => {
+    const { fake, calls } = host([]);
+    const done = await resumeInto(row(), 'notebook', fake);
+    expect(done?.path).toBeNull();
+    expect(calls).toEqual(['resume img1 -', 'open console k1']);
+  });
+  it('opens a suspended kernel without starting another', async () => {
+    const { fake, calls } = host();
+    const done = await resumeInto(
+      row({ suspendedKernel: 'k0' }),
+      'notebook',
+      fake
+    );
+    expect(done).toBeNull();
+    expect(calls).toEqual(['open work/train.ipynb k0']);
+  });
+  it('creates a new notebook next to the original, leaving the original alone', async () => {
+    const { fake, calls } = host();
+    const done = await resumeInto(row(), 'new-notebook', fake);
+    expect(done?.path).toBe('work/Untitled.ipynb');
+    expect(calls).toEqual([
+      'create work/Untitled.ipynb',
+      'resume img1 work/Untitled.ipynb',
+      'open work/Untitled.ipynb k1'
+    ]);
+  });
+  it('removes the new notebook again when the resume fails', async () => {
+    const { fake, calls } = host();
+    fake.resume = async () => {
+      throw new Error('incompatible');
+    };
+    await expect(resumeInto(row(), 'new-notebook', fake)).rejects.toThrow(
+      'incompatible'
+    );
+    expect(calls).toEqual([
+      'create work/Untitled.ipynb',
+      'delete work/Untitled.ipynb'
+    ]);
+  });
+  it('resumes into a console bound to no notebook, even for a suspended kernel', async () => {
+    const { fake, calls } = host();
+    const done = await resumeInto(
+      row({ suspendedKernel: 'k0' }),
+      'console',
+      fake
+    );
+    expect(done?.path).toBeNull();
+    expect(calls).toEqual(['resume img1 -', 'open console k1']);
+  });
+});
