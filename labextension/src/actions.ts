@@ -59,6 +59,7 @@ export class CkptActions implements IRowActions {
     row: ISessionRow,
     target: ResumeTarget = 'notebook'
   ): Promise<void> {
+    this._sessions.clearNote(row.image.id);
     try {
       const resumed = await resumeInto(row, target, this._resumeHost);
       if (resumed) {
@@ -111,6 +112,7 @@ export class CkptActions implements IRowActions {
     if (!result.button.accept) {
       return;
     }
+    this._sessions.clearNote(row.image.id);
     try {
       await this._api.deleteImage(row.image.id);
       Notification.success(`Deleted image ${image}.`, { autoClose: 5000 });

@@ -140,6 +140,11 @@ export function filterRows(rows: ISessionRow[], query: string): ISessionRow[] {
 
 export type LoadState = 'loading' | 'ready' | 'error';
 
+/** What a row's note depends on: the image's state and the kernel that holds it. */
+function noteCause(image: IImage | undefined): string {
+  return image ? `${image.state} ${image.kernel_id ?? ''}` : '';
+}
+
 /** State of the panel: the image list, what is being searched, load errors. */
 export class SavedSessionsModel {
   constructor(
@@ -184,14 +189,25 @@ export class SavedSessionsModel {
     return groupRows(this.rows);
   }
 
-  /** Show `message` on an image's row, such as why a delete was refused. */
+  /** Show `message` on an image's row, such as why a delete was refused. The note
+   * stays while its cause may still apply: it goes with the image, at the next action
+   * on the row (`clearNote`), and at the first list that shows the image in another
+   * state or held by another kernel (the kernel that pinned it is gone, say). */
   note(imageId: string, message: string): void {
-    this._notes.set(imageId, message);
+    const image = this._rows.find(row => row.image.id === imageId)?.image;
+    this._notes.set(imageId, { message, cause: noteCause(image) });
     this._changed.emit();
   }
 
   noteFor(imageId: string): string | undefined {
-    return this._notes.get(imageId);
+    return this._notes.get(imageId)?.message;
+  }
+
+  /** Forget the row's note: the user is acting on the row again. */
+  clearNote(imageId: string): void {
+    if (this._notes.delete(imageId)) {
+      this._changed.emit();
+    }
   }
 
   /** Load the list; concurrent calls share one request. A failed refresh keeps the rows
@@ -216,10 +232,10 @@ export class SavedSessionsModel {
     try {
       const images = await this._api.listImages();
       this._rows = sessionRows(images, this._kernelPaths(), this._serverRoot);
-      // a note about an image that is gone no longer applies
-      const ids = new Set(images.map(image => image.id));
-      for (const id of [...this._notes.keys()]) {
-        if (!ids.has(id)) {
+      // a note no longer applies once its image is gone or has changed state
+      const causes = new Map(images.map(image => [image.id, noteCause(image)]));
+      for (const [id, note] of [...this._notes]) {
+        if (causes.get(id) !== note.cause) {
           this._notes.delete(id);
         }
       }
@@ -236,7 +252,7 @@ export class SavedSessionsModel {
   private _error = '';
   private _query = '';
   private _rows: ISessionRow[] = [];
-  private _notes = new Map<string, string>();
+  private _notes = new Map<string, { message: string; cause: string }>();
   private _pending: Promise<void> | null = null;
 }
 

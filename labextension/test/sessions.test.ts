@@ -185,6 +185,38 @@ describe('SavedSessionsModel', () => {
     );
     expect(model.noteFor('b')).toBeUndefined();
     expect(changes).toBe(1);
+    model.clearNote('a'); // the next action on the row
+    expect(model.noteFor('a')).toBeUndefined();
+    expect(changes).toBe(2);
+  });
+
+  it('drops a note once its cause no longer applies, not before', async () => {
+    let images: IImage[] = [
+      image('a', '2026-11-29T10:00:00Z', {
+        state: 'suspended',
+        kernel_id: 'k1'
+      }),
+      image('b', '2026-11-29T09:00:00Z')
+    ];
+    const model = new SavedSessionsModel(
+      { listImages: async () => images },
+      () => new Map(),
+      ROOT
+    );
+    await model.refresh();
+    model.note('a', 'Not deleted: needed by the suspended kernel');
+    model.note('b', 'Not deleted: the store is read-only');
+    await model.refresh(); // nothing changed: both still apply
+    expect(model.noteFor('a')).toBeDefined();
+    expect(model.noteFor('b')).toBeDefined();
+    // the suspended kernel was shut down: its image is only saved now
+    images = [{ ...images[0], state: 'saved', kernel_id: 'k1' }, images[1]];
+    await model.refresh();
+    expect(model.noteFor('a')).toBeUndefined();
+    expect(model.noteFor('b')).toBeDefined();
+    images = [images[0]]; // and an image that is gone takes its note with it
+    await model.refresh();
+    expect(model.noteFor('b')).toBeUndefined();
   });
 });
 
