@@ -98,18 +98,7 @@ class Autosaver(LoggingConfigurable):
             await self.settle(kernel_id, action)
 
         km.before_action = before_action
-        restore = self.manager._restore
-
-        async def restore_and_record(kernel_id: str, trigger: str) -> dict[str, Any]:
-            record = km.suspended.get(kernel_id)
-            report = await restore(kernel_id, trigger)
-            if record is not None and report.get("image_id") and not report.get("error"):
-                await self.restored(kernel_id, record)
-            return report
-
-        # Wrapped rather than hooked: the record is written inside the shared restore, so
-        # no autosave starts (due() sees the restore) before it is there.
-        self.manager._restore = restore_and_record
+        self.manager.after_restore = self.restored
 
     @property
     def policy(self) -> Any:

@@ -112,6 +112,13 @@ class CkptManager(LoggingConfigurable):
         help="async callable(kernel_id), awaited as a suspend starts: an autosave of the "
         "kernel in progress finishes first, so the two never overlap.",
     )
+    after_restore = AnyTrait(
+        None,
+        allow_none=True,
+        help="async callable(kernel_id, record), awaited inside a successful restore with "
+        "the suspended record it replaced: the autosaver records the restored kernel before "
+        "any autosave of it can start.",
+    )
     session_manager = AnyTrait(
         None,
         allow_none=True,
@@ -607,6 +614,8 @@ class CkptManager(LoggingConfigurable):
             )
         else:
             await asyncio.to_thread(self.records.delete, kernel_id)
+            if self.after_restore is not None:
+                await self.after_restore(kernel_id, record)
             self.record_event("restore", kernel_id, trigger, started, report)
         return report
 
