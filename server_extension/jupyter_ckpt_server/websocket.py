@@ -4,7 +4,8 @@ A websocket to a suspended kernel is accepted and served by :class:`SuspendedCon
 Reopening a notebook or console must not wake a GPU kernel, so what JupyterLab, Notebook 7
 and consoles send on every connect or reconnect is answered without the kernel: kernel
 info from the kernel info saved at suspend time, comm info with no comms (a restored
-kernel has none), and history from the input history in the kernel's image. Only the
+kernel has none), history from the input history in the kernel's image, and the
+widget manager's control comm is closed as a kernel without widgets closes it. Only the
 messages in :data:`WAKING` restore the kernel: running code, and completion or inspection
 while the user types. Any other message (a debugger probing on the control channel, a
 shutdown or interrupt request) waits, without waking the kernel, until it is restored.
@@ -38,7 +39,8 @@ V1 = "v1.kernel.websocket.jupyter.org"
 
 # The shell messages that restore a suspended kernel: the user ran code, or typed and
 # asked for completions or help, or a widget talked to the kernel. Nothing a frontend
-# sends on connect is here (kernel_info, comm_info and history are answered instead).
+# sends on connect is here (kernel_info, comm_info and history are answered instead, and
+# so are the comms of PROBE_COMMS).
 WAKING = frozenset(
     {
         "execute_request",
@@ -49,6 +51,13 @@ WAKING = frozenset(
         "comm_msg",
     }
 )
+
+
+# Comms a frontend opens on every connect to ask what the kernel holds: ipywidgets 8's
+# widget manager opens its control comm and asks for all widget states. A suspended kernel
+# answers as a kernel without that comm target does (it closes the comm), and the manager
+# falls back to comm_info, which lists no comms: a restored kernel has no live widgets.
+PROBE_COMMS = frozenset({"jupyter.widget.control"})
 
 
 def parse_ws_message(ws_msg: str | bytes, subprotocol: str | None) -> tuple[str, dict]:
@@ -108,6 +117,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         self._queue: list[str | bytes] = []
         self._upgrade: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()  # history replies being read
+        self._probes: set[str] = set()  # ids of the PROBE_COMMS comms closed here
         self._closed = False
 
     @property
@@ -150,9 +160,22 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
                 content = parse_ws_content(incoming_msg, self._protocol)
                 self._answer_history(channel, header, content)
                 return
+            if msg_type in ("comm_open", "comm_msg") and self._is_probe(incoming_msg, header):
+                return
         self._queue.append(incoming_msg)
         if not suspended or (channel == "shell" and header.get("msg_type") in WAKING):
             self._start_restore("message")
+
+    def _is_probe(self, incoming_msg: str | bytes, header: dict[str, Any]) -> bool:
+        """Whether a comm message belongs to a PROBE_COMMS comm; its opening is answered by
+        closing it, and what the frontend sends on it after that is dropped."""
+        content = parse_ws_content(incoming_msg, self._protocol)
+        comm_id = content.get("comm_id")
+        if header["msg_type"] == "comm_open" and content.get("target_name") in PROBE_COMMS:
+            self._probes.add(comm_id)
+            close = {"comm_id": comm_id, "data": {}}
+            self._send("iopub", self.session.msg("comm_close", close, parent=header))
+        return comm_id in self._probes
 
     def _answer_history(self, channel: str, header: dict[str, Any], request: dict) -> None:
         """Reply to a history request from the image, read on a thread (the manifest is

@@ -278,3 +278,31 @@ async def test_the_launch_environment_comes_back_with_the_kernel(connect, manage
     client = await connect(kernel_id)
     _, outputs = await client.execute("import os; print(v, os.environ.get('CKPT_LAUNCH_ONLY'))")
     assert text_of(outputs) == "5 from-the-launcher\n"
+
+
+async def test_the_widget_managers_probe_on_connect_does_not_wake_the_kernel(
+    jp_fetch, connect, manager
+):
+    """ipywidgets 8 opens its control comm on every connect and asks for the widget
+    states: answered as a kernel without widgets answers (the comm is closed), while a
+    widget's own comm still wakes the kernel."""
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("z = 11")
+    await manager.suspend(kernel_id)
+    client = await connect(kernel_id)
+    control = {"comm_id": "c0ffee", "target_name": "jupyter.widget.control", "data": {}}
+    opened = client.send("comm_open", control)
+    client.send("comm_msg", {"comm_id": "c0ffee", "data": {"method": "request_states"}})
+    info = await client.reply_to(client.send("kernel_info_request", {}))
+    assert info["content"]["implementation"] == "ipython"
+    closes = [
+        m for m in client.received
+        if m["header"]["msg_type"] == "comm_close" and m["parent_header"].get("msg_id") == opened
+    ]  # fmt: skip
+    assert [m["content"]["comm_id"] for m in closes] == ["c0ffee"]
+    assert manager.kernel_manager.is_suspended(kernel_id) and manager.restore_count == 0
+
+    client.send("comm_open", {"comm_id": "w1", "target_name": "jupyter.widget", "data": {}})
+    await poll(lambda: manager.kernel_manager.is_running(kernel_id), what="the restore")
+    _, outputs = await client.execute("print(z)")
+    assert text_of(outputs) == "11\n"
