@@ -5,7 +5,7 @@ import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 
 import { showDetails } from './details';
-import { baseName, formatBytes, shortId } from './format';
+import { baseName, formatBytes, shortenIds, shortId } from './format';
 import { confirmSuspend, KernelStatusModel } from './kernelstatus';
 import { IRowActions } from './panel';
 import { IResumed, IResumeHost, ResumeTarget, resumeInto } from './resume';
@@ -118,7 +118,7 @@ export class CkptActions implements IRowActions {
       Notification.success(`Deleted image ${image}.`, { autoClose: 5000 });
     } catch (error) {
       // e.g. refused because a kernel was suspended to it meanwhile
-      const message = `Image ${image} not deleted: ${reason(error)}`;
+      const message = `Image ${image} not deleted: ${shortenIds(reason(error))}`;
       this._sessions.note(row.image.id, message);
       Notification.error(message, { autoClose: false });
     }

@@ -52,3 +52,12 @@ export function baseName(path: string): string {
 export function shortId(id: string): string {
   return id.slice(0, 12);
 }
+
+/** `text` with every full kernel or image id in it cut to its short form, as the panel
+ * shows ids ("needed by running kernel 3f9a2c51-e0b"): full ids only on hover or copy. */
+export function shortenIds(text: string): string {
+  return text.replace(
+    /\b(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{24,})\b/g,
+    id => shortId(id)
+  );
+}

@@ -38,6 +38,9 @@ export function deleteBlocked(image: IImage): string | null {
   if (image.state === 'restore-failed') {
     return 'Kept for a kernel whose restore of it failed, to retry. Shut that kernel down, or restart it, to be able to delete it.';
   }
+  if (image.state === 'autosave') {
+    return "Needed by the running kernel's autosave, to recover it after a crash. Its next autosave, or shutting the kernel down, releases it.";
+  }
   return null;
 }
 

@@ -14,8 +14,10 @@ export interface ICompatibility {
 export interface IImage {
   id: string;
   /** "saved", "suspended" (a suspended kernel needs it), "restore-failed" (kept for a
-   * retry by the kernel whose restore of it failed) or "invalid" (unreadable). */
-  state: 'saved' | 'suspended' | 'restore-failed' | 'invalid';
+   * retry by the kernel whose restore of it failed), "autosave" (a running kernel's
+   * crash-recovery record names it) or "invalid" (unreadable). The server deletes only
+   * "saved" images. */
+  state: 'saved' | 'suspended' | 'restore-failed' | 'autosave' | 'invalid';
   name?: string;
   created?: string;
   kernel_id?: string | null;
@@ -23,6 +25,8 @@ export interface IImage {
   devices?: string[];
   size?: { logical?: number; written?: number };
   variables_count?: number;
+  /** The names of its variables (saved or not), to tell what changed between images. */
+  variable_names?: string[];
   lost?: string[];
   compatibility?: ICompatibility;
   /** GPU the kernel held when the image was written, where the server knows it. */

@@ -4,7 +4,8 @@ import {
   baseName,
   formatBytes,
   formatDuration,
-  relativeTime
+  relativeTime,
+  shortenIds
 } from '../src/format';
 
 describe('formatBytes', () => {
@@ -42,5 +43,18 @@ describe('baseName', () => {
   it('keeps the last path component', () => {
     expect(baseName('work/train.ipynb')).toBe('train.ipynb');
     expect(baseName('train.ipynb')).toBe('train.ipynb');
+  });
+});
+
+describe('shortenIds', () => {
+  it('cuts full kernel and image ids to their short form, and nothing else', () => {
+    expect(
+      shortenIds(
+        'image 3f9a2c51e0b4d6e7f8a9b0c1d2e3f4a5 is needed by running kernel 0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9; resume or shut down that kernel first'
+      )
+    ).toBe(
+      'image 3f9a2c51e0b4 is needed by running kernel 0b1c2d3e-4f5; resume or shut down that kernel first'
+    );
+    expect(shortenIds('cafe 1234 deadbeef')).toBe('cafe 1234 deadbeef');
   });
 });

@@ -278,6 +278,9 @@ describe('deleteBlocked and imageLabel', () => {
     expect(
       deleteBlocked(image('f', at, { state: 'restore-failed' }))
     ).toContain('restore of it failed');
+    expect(deleteBlocked(image('r', at, { state: 'autosave' }))).toContain(
+      "the running kernel's autosave"
+    );
   });
   it('names an image by its name and short id, never by its notebook', () => {
     const id = '3f9a2c51e0b4d6e7f8a9b0c1d2e3f4a5';

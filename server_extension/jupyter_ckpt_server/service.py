@@ -31,6 +31,8 @@ def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
         "devices": manifest.get("devices", []),
         "size": manifest.get("sizes", {}),
         "variables_count": len(variables),
+        # the panel names the variables added or removed from one image to the next
+        "variable_names": [v["name"] for v in variables],
         "lost": [v["name"] for v in variables if v["status"] == "lost"],
         "python": manifest.get("environment", {}).get("python"),
         "gpu": _gpu_summary(manifest),
@@ -72,9 +74,18 @@ class CkptService:
     def node(self) -> dict[str, Any]:
         return self.manager.node
 
-    def _image_states(self) -> dict[str, dict[str, str]]:
+    async def _image_states(self) -> dict[str, dict[str, str]]:
+        """The images kernels hold, and how: ``suspended`` (a suspended kernel comes back
+        from it), ``restore-failed`` (kept for a retry), ``autosave`` (a running kernel's
+        crash-recovery record names it). The store refuses to delete any of them."""
+        records, _ = await asyncio.to_thread(self.manager.records.all)
         km = self.manager.kernel_manager
         return {
+            **{
+                r["image_id"]: {"state": "autosave", "kernel_id": k}
+                for k, r in records.items()
+                if r.get("state") == "running" and r.get("image_id")
+            },
             **{
                 r["image_id"]: {"state": "restore-failed", "kernel_id": k}
                 for k, r in km.failed_restores.items()
@@ -87,7 +98,7 @@ class CkptService:
 
     async def list_images(self) -> list[dict[str, Any]]:
         entries = await asyncio.to_thread(lambda: list(self.manager.store.iter_manifests()))
-        states = self._image_states()
+        states = await self._image_states()
         valid = [m for _, m, _ in entries if m is not None]
         verdicts = iter(compat.check_all(valid, self.node))
         images = []
@@ -106,9 +117,10 @@ class CkptService:
 
     async def image(self, ref: str) -> dict[str, Any]:
         manifest = await asyncio.to_thread(self.manager.store.open, ref)
+        states = await self._image_states()
         return {
             **image_summary(manifest),
-            **self._image_states().get(manifest["id"], {"state": "saved"}),
+            **states.get(manifest["id"], {"state": "saved"}),
             "variables": manifest.get("variables", []),
             "environment": manifest.get("environment", {}),
             "compatibility": compat.check(manifest, self.node),
@@ -116,7 +128,8 @@ class CkptService:
 
     async def delete_image(self, ref: str) -> str:
         started = time.perf_counter()
-        # The store refuses (ImageInUse) while a suspended kernel needs the image.
+        # The store refuses (ImageInUse) while a kernel's record names the image: a
+        # suspended kernel's, or a running kernel's autosave (see _image_states).
         image_id = await asyncio.to_thread(self.manager.store.delete, ref)
         self.manager.record_event("delete", None, "api", started, {"id": image_id})
         return image_id

@@ -140,3 +140,29 @@ async def test_resume_into_a_notebook_with_a_kernel_replaces_that_kernel(
     assert not manager.records.all()[0], "the suspended kernel's record went with it"
     _, outputs = await (await connect(new_id)).execute("v")
     assert text_of(outputs) == "1"
+
+
+async def test_an_image_a_running_kernels_autosave_names_is_listed_as_such(
+    jp_fetch, connect, manager
+):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("x = 1")
+    r = await jp_fetch(
+        "api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body='{"name": "a"}'
+    )
+    image_id = json.loads(r.body)["id"]
+    # as the autosaver leaves it: the running kernel's crash-recovery record names the image
+    manager.records.put({"kernel_id": kernel_id, "image_id": image_id, "state": "running"})
+    images = await get_json(jp_fetch, "api", "ckpt", "images")
+    assert [(i["id"], i["state"], i["kernel_id"]) for i in images] == [
+        (image_id, "autosave", kernel_id)
+    ]
+    assert images[0]["variable_names"] == ["x"]
+    image = await get_json(jp_fetch, "api", "ckpt", "images", image_id)
+    assert image["state"] == "autosave"
+    await fails_with(409, jp_fetch, "api", "ckpt", "images", image_id, method="DELETE")
+    # once the kernel and its record are gone, the image is only saved, and deletable
+    manager.records.delete(kernel_id)
+    images = await get_json(jp_fetch, "api", "ckpt", "images")
+    assert [i["state"] for i in images] == ["saved"]
+    await jp_fetch("api", "ckpt", "images", image_id, method="DELETE")
