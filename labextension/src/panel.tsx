@@ -18,6 +18,7 @@ import { RESUME_COMMANDS, ResumeTarget } from './resume';
 import {
   changeSince,
   deleteBlocked,
+  entryState,
   imageLabel,
   isNamed,
   ISessionRow,
@@ -118,7 +119,7 @@ export class SavedSessionsPanel extends ReactWidget {
             aria-label="Saved sessions, newest first"
           >
             {model.entries.map(entry =>
-              this._renderRow(entry.latest, entry.older, entry.older[0])
+              this._renderRow(entry.latest, entry.older, entry.older[0], true)
             )}
           </ul>
         )}
@@ -182,7 +183,8 @@ export class SavedSessionsPanel extends ReactWidget {
   private _renderRow(
     row: ISessionRow,
     older: ISessionRow[] = [],
-    previous?: ISessionRow
+    previous?: ISessionRow,
+    head = false
   ): JSX.Element {
     const { image } = row;
     const now = Date.now();
@@ -238,7 +240,11 @@ export class SavedSessionsPanel extends ReactWidget {
     }
     if (previous) {
       facts.push(
-        <span key="change" className="jp-CkptRow-change">
+        <span
+          key="change"
+          className="jp-CkptRow-change"
+          title="What changed since the image before it"
+        >
           {changeSince(image, previous.image)}
         </span>
       );
@@ -257,14 +263,16 @@ export class SavedSessionsPanel extends ReactWidget {
           title={row.notebook ?? undefined}
         >
           {label}
-          {row.suspendedKernel && (
-            <span
-              className="jp-CkptBadge jp-mod-suspended"
-              title={`Kernel ${row.suspendedKernel} is suspended to this image`}
-            >
-              Suspended kernel
-            </span>
-          )}
+          {head
+            ? this._renderEntryState(row)
+            : row.suspendedKernel && (
+                <span
+                  className="jp-CkptBadge jp-mod-suspended"
+                  title={`Kernel ${row.suspendedKernel} is suspended to this image`}
+                >
+                  Suspended kernel
+                </span>
+              )}
           {row.suspendedKernel && (
             <RecoveredBadge
               status={this._kernels.kernel(row.suspendedKernel)}
@@ -311,6 +319,43 @@ export class SavedSessionsPanel extends ReactWidget {
           </details>
         )}
       </li>
+    );
+  }
+
+  /** What an entry is now: its kernel suspended, running, or only images saved. */
+  private _renderEntryState(row: ISessionRow): JSX.Element {
+    const { state, kernel } = entryState(
+      row,
+      this.model.kernelPaths,
+      id => this._kernels.kernel(id)?.state
+    );
+    if (state === 'suspended') {
+      return (
+        <span
+          className="jp-CkptBadge jp-mod-suspended"
+          title={`Kernel ${kernel} is suspended to ${row.suspendedKernel ? 'this image' : 'an image'}`}
+        >
+          Suspended kernel
+        </span>
+      );
+    }
+    if (state === 'running') {
+      return (
+        <span
+          className="jp-CkptBadge jp-mod-running"
+          title={`Kernel ${kernel} is running; these are its saved images`}
+        >
+          Running
+        </span>
+      );
+    }
+    return (
+      <span
+        className="jp-CkptBadge jp-mod-saved"
+        title="No kernel runs for it: Resume starts one from the image"
+      >
+        Saved
+      </span>
     );
   }
 

@@ -187,6 +187,11 @@ export class SavedSessionsModel {
     return filterRows(this._rows, this._query);
   }
 
+  /** The live notebook sessions' kernels: kernel id -> notebook path. */
+  get kernelPaths(): ReadonlyMap<string, string> {
+    return this._kernelPaths();
+  }
+
   /** The rows that match the filter, one entry per notebook. */
   get entries(): ISessionEntry[] {
     return groupRows(this.rows);
@@ -283,15 +288,48 @@ export function isNamed(row: ISessionRow): boolean {
   );
 }
 
+/** Up to how many variable names "what changed" lists on each side. */
+const MAX_NAMED = 3;
+
 /**
- * What changed from the image before it (`previous`, older) to this one: "+1.2 MB, 2
- * variables more"; "same size and variables" when neither moved.
+ * What changed from the image before it (`previous`, older) to this one. With the
+ * variables' names (servers that list them), the names added and removed when they are
+ * few: "+1.2 MB; new: df, model; gone: tmp", else how many: "+1.2 MB; 5 new variables".
+ * Without, the counts: "+1.2 MB, 2 variables more than the one before". "same size and
+ * variables as the one before" when nothing moved.
  */
 export function changeSince(image: IImage, previous: IImage): string {
   const parts: string[] = [];
   const size = (image.size?.logical ?? 0) - (previous.size?.logical ?? 0);
   if (size !== 0) {
     parts.push(`${size > 0 ? '+' : '−'}${formatBytes(Math.abs(size))}`);
+  }
+  const now = image.variable_names;
+  const before = previous.variable_names;
+  if (now && before) {
+    const added = now.filter(name => !before.includes(name));
+    const gone = before.filter(name => !now.includes(name));
+    const plural = (n: number) => `${n} variable${n === 1 ? '' : 's'}`;
+    if (added.length) {
+      parts.push(
+        added.length <= MAX_NAMED
+          ? `new: ${added.join(', ')}`
+          : `${added.length} new variables`
+      );
+    }
+    if (gone.length) {
+      parts.push(
+        gone.length <= MAX_NAMED
+          ? `gone: ${gone.join(', ')}`
+          : `${plural(gone.length)} gone`
+      );
+    }
+    if (parts.length && !added.length && !gone.length) {
+      parts.push('same variables');
+    }
+    return parts.length
+      ? parts.join('; ')
+      : 'same size and variables as the one before';
   }
   const count = (image.variables_count ?? 0) - (previous.variables_count ?? 0);
   if (count !== 0) {
@@ -303,4 +341,37 @@ export function changeSince(image: IImage, previous: IImage): string {
   return parts.length
     ? `${parts.join(', ')} than the one before`
     : 'same size and variables as the one before';
+}
+
+/** The state an entry shows: its notebook's (or console's) kernel, if one runs or is
+ * suspended, else "saved" (only images). */
+export type EntryState = 'running' | 'suspended' | 'saved';
+
+/**
+ * What the entry headed by `row` is now, and its kernel: the suspended kernel that
+ * needs its image; else the kernel of its notebook's live session (`kernelPaths`:
+ * kernel id -> notebook), or for a console the kernel that wrote it while the server
+ * still knows it (`kernelState`); else no kernel.
+ */
+export function entryState(
+  row: ISessionRow,
+  kernelPaths: ReadonlyMap<string, string>,
+  kernelState: (kernelId: string) => string | undefined
+): { state: EntryState; kernel: string | null } {
+  if (row.suspendedKernel) {
+    return { state: 'suspended', kernel: row.suspendedKernel };
+  }
+  const own = row.image.kernel_id;
+  const kernel = row.notebook
+    ? [...kernelPaths].find(([, path]) => path === row.notebook)?.[0]
+    : own && kernelState(own)
+      ? own
+      : undefined;
+  if (!kernel) {
+    return { state: 'saved', kernel: null };
+  }
+  return {
+    state: kernelState(kernel) === 'suspended' ? 'suspended' : 'running',
+    kernel
+  };
 }

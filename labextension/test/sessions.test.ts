@@ -4,6 +4,7 @@ import {
   apiPath,
   changeSince,
   deleteBlocked,
+  entryState,
   filterRows,
   groupRows,
   imageLabel,
@@ -268,6 +269,48 @@ describe('groupRows', () => {
   });
 });
 
+describe('entryState', () => {
+  const kernels = new Map([['k1', 'a.ipynb']]);
+  const states: Record<string, string> = { k1: 'running', k2: 'running' };
+  const state = (id: string) => states[id];
+  it('says Suspended, Running or Saved for every entry', () => {
+    const at = '2026-11-28T12:00:00Z';
+    const suspended: ISessionRow = {
+      image: image('s', at, { state: 'suspended', kernel_id: 'k0' }),
+      notebook: 'a.ipynb',
+      title: 'a.ipynb',
+      suspendedKernel: 'k0'
+    };
+    expect(entryState(suspended, kernels, state)).toEqual({
+      state: 'suspended',
+      kernel: 'k0'
+    });
+    const running = {
+      ...suspended,
+      image: image('r', at),
+      suspendedKernel: null
+    };
+    expect(entryState(running, kernels, state)).toEqual({
+      state: 'running',
+      kernel: 'k1'
+    });
+    const closed = { ...running, notebook: 'b.ipynb', title: 'b.ipynb' };
+    expect(entryState(closed, kernels, state).state).toBe('saved');
+    // a console's entry: the kernel that wrote the image, while it is still there
+    const console = {
+      ...running,
+      image: image('c', at, { kernel_id: 'k2' }),
+      notebook: null
+    };
+    expect(entryState(console, kernels, state)).toEqual({
+      state: 'running',
+      kernel: 'k2'
+    });
+    const gone = { ...console, image: image('g', at, { kernel_id: 'k9' }) };
+    expect(entryState(gone, kernels, state).state).toBe('saved');
+  });
+});
+
 describe('deleteBlocked and imageLabel', () => {
   it('says why an image a kernel needs cannot be deleted', () => {
     const at = '2026-11-28T12:00:00Z';
@@ -325,6 +368,40 @@ describe('what an entry says about its images', () => {
         older
       )
     ).toBe('−300 KB, 1 variable fewer than the one before');
+    expect(changeSince(older, older)).toBe(
+      'same size and variables as the one before'
+    );
+  });
+
+  it('names the variables added and removed when there are few', () => {
+    const older = saved({
+      size: { logical: 1_000_000 },
+      variable_names: ['x', 'tmp']
+    });
+    expect(
+      changeSince(
+        saved({
+          size: { logical: 2_200_000 },
+          variable_names: ['x', 'df', 'model']
+        }),
+        older
+      )
+    ).toBe('+1.2 MB; new: df, model; gone: tmp');
+    expect(
+      changeSince(
+        saved({ size: { logical: 1_500_000 }, variable_names: ['tmp', 'x'] }),
+        older
+      )
+    ).toBe('+500 KB; same variables');
+    expect(
+      changeSince(
+        saved({
+          size: { logical: 1_000_000 },
+          variable_names: ['x', 'tmp', 'a', 'b', 'c', 'd']
+        }),
+        older
+      )
+    ).toBe('4 new variables');
     expect(changeSince(older, older)).toBe(
       'same size and variables as the one before'
     );

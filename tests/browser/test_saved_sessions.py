@@ -197,6 +197,8 @@ def test_resume_into_a_new_notebook_leaves_the_source_notebook_alone(page: Page,
     source = next(s for s in lab.api("GET", "api/sessions") if s["path"] == notebook)
 
     row = image_row(open_panel(page), image_id)
+    # the entry says its state: its notebook's kernel runs
+    expect(row.locator(".jp-CkptBadge")).to_have_text("Running")
     row.get_by_role("button", name="Resume options for source.ipynb").click()
     menu = page.locator(".jp-CkptResumeMenu")
     for label in ("Resume in Its Notebook", "Resume in New Notebook", "Resume in Console"):
