@@ -73,6 +73,10 @@ class Client:
 
     def send(self, msg_type: str, content: dict[str, Any], channel: str = "shell") -> str:
         msg = self.session.msg(msg_type, content)
+        # a unique id, as JupyterLab's: jupyter_client numbers ids by session and pid, and
+        # the server's own connection for this session (its nudges, in this same process)
+        # would number its requests alike, so their replies could pass for ours
+        msg["header"]["msg_id"] = msg["msg_id"] = uuid.uuid4().hex
         if self.subprotocol:
             self.ws.write_message(serialize_msg_to_ws_v1(msg, channel, self.session.pack), True)
         else:

@@ -73,7 +73,10 @@ async def test_suspended_kernel_keeps_id_and_session_then_restores_on_execute(
     assert model["ckpt"]["state"] == "running"
     sessions = await get_json(jp_fetch, "api", "sessions")
     assert [(s["id"], s["kernel"]["id"]) for s in sessions] == [(session_id, kernel_id)]
-    assert not manager.records.all()[0], "the record goes once the kernel runs again"
+    # the suspended record goes once the kernel runs again; with autosave on, a running
+    # record names the image it came back from, so a crash now is still recoverable
+    records = manager.records.all()[0]
+    assert [(r["state"], r["image_id"]) for r in records.values()] == [("running", image_id)]
 
 
 def _alive(pid: int) -> bool:
