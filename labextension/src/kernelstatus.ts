@@ -161,8 +161,38 @@ const WAKING = new Set([
   'comm_msg'
 ]);
 
-/** Whether sending this message to a suspended kernel restores it. */
-export function wakesKernel(channel: string, msgType: string): boolean {
+/**
+ * Comms a frontend opens on every connect (the server's `PROBE_COMMS`): ipywidgets 8's
+ * control comm, which a suspended kernel closes without waking.
+ */
+const PROBE_COMMS = new Set(['jupyter.widget.control']);
+
+/** What of a comm message decides whether it wakes a kernel. */
+export interface ICommFields {
+  comm_id?: unknown;
+  target_name?: unknown;
+}
+
+/**
+ * Whether sending this message to a suspended kernel restores it. `probes` holds the
+ * ids of the probe comms opened so far (filled here), whose messages do not wake it.
+ */
+export function wakesKernel(
+  channel: string,
+  msgType: string,
+  content: ICommFields = {},
+  probes: Set<string> = new Set()
+): boolean {
+  const commId = String(content.comm_id);
+  if (msgType === 'comm_open' && PROBE_COMMS.has(String(content.target_name))) {
+    probes.add(commId);
+  }
+  if (
+    (msgType === 'comm_open' || msgType === 'comm_msg') &&
+    probes.has(commId)
+  ) {
+    return false;
+  }
   return channel === 'shell' && WAKING.has(msgType);
 }
 

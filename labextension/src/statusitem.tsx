@@ -9,6 +9,7 @@ import * as React from 'react';
 import {
   endsWithoutMessage,
   KernelStatusModel,
+  ICommFields,
   wakesKernel
 } from './kernelstatus';
 
@@ -130,8 +131,16 @@ export class KernelStatusItem extends ReactWidget {
     kernel: Kernel.IKernelConnection,
     args: Kernel.IAnyMessageArgs
   ): void {
-    const { channel, header } = args.msg;
-    if (args.direction === 'send' && wakesKernel(channel, header.msg_type)) {
+    const { channel, header, content } = args.msg;
+    if (
+      args.direction === 'send' &&
+      wakesKernel(
+        channel,
+        header.msg_type,
+        content as ICommFields,
+        this._probes
+      )
+    ) {
       this._model.markRestoring(kernel.id, Date.now());
     } else if (
       args.direction === 'recv' &&
@@ -144,6 +153,8 @@ export class KernelStatusItem extends ReactWidget {
 
   private _session: ISessionContext | null = null;
   private _kernel: Kernel.IKernelConnection | null = null;
+  // ids of the probe comms this client opened (see wakesKernel)
+  private _probes = new Set<string>();
   private _timer: number;
   private _ticks = 0;
   private _activeStateChanged = new Signal<this, void>(this);

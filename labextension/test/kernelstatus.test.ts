@@ -203,6 +203,18 @@ describe('KernelStatusModel', () => {
       expect(wakesKernel('shell', probe)).toBe(false);
     }
     expect(wakesKernel('control', 'debug_request')).toBe(false);
+    // ipywidgets' control comm, opened on connect, is closed by the server
+    const probes = new Set<string>();
+    const control = { comm_id: 'c1', target_name: 'jupyter.widget.control' };
+    expect(wakesKernel('shell', 'comm_open', control, probes)).toBe(false);
+    expect(wakesKernel('shell', 'comm_msg', { comm_id: 'c1' }, probes)).toBe(
+      false
+    );
+    const widget = { comm_id: 'w1', target_name: 'jupyter.widget' };
+    expect(wakesKernel('shell', 'comm_open', widget, probes)).toBe(true);
+    expect(wakesKernel('shell', 'comm_msg', { comm_id: 'w1' }, probes)).toBe(
+      true
+    );
   });
 
   it('does not mark running kernels restoring', async () => {
