@@ -68,10 +68,8 @@ def user_store(hub: dict[str, Any], name: str) -> ImageStore:
     return ImageStore(url=stores.url, user=name, secret=stores.secret(name), secret_file="/unused")
 
 
-def suspend_on(hub: dict[str, Any], user: str, node: str, gpu_bytes: int) -> dict[str, Any]:
-    """A kernel of ``user`` suspended on ``node``: its image, and its record."""
-    store = user_store(hub, user)
-    manifest = save_on_node(store, hub["nodes"][node], gpu_bytes, name=f"on-{node}")
+def record_suspended(store: Any, manifest: dict[str, Any]) -> None:
+    """The record of a kernel suspended to ``manifest``'s image, as the server writes it."""
     store.records.put(
         {
             "kernel_id": str(uuid.uuid4()),
@@ -82,6 +80,13 @@ def suspend_on(hub: dict[str, Any], user: str, node: str, gpu_bytes: int) -> dic
             "suspended_at": manifest["created"],
         }
     )
+
+
+def suspend_on(hub: dict[str, Any], user: str, node: str, gpu_bytes: int) -> dict[str, Any]:
+    """A kernel of ``user`` suspended on ``node``: its image, and its record."""
+    store = user_store(hub, user)
+    manifest = save_on_node(store, hub["nodes"][node], gpu_bytes, name=f"on-{node}")
+    record_suspended(store, manifest)
     return manifest
 
 
@@ -241,16 +246,7 @@ def suspend_on_two_gpus(hub: dict[str, Any], user: str, per_device: int) -> None
         else:
             os.environ[compat.NODE_FACTS_ENV] = saved_facts
     assert manifest["gpu"]["device_bytes"] == {"cuda:0": per_device, "cuda:1": per_device}
-    store.records.put(
-        {
-            "kernel_id": str(uuid.uuid4()),
-            "kernel_name": "python3",
-            "path": "",
-            "env": {},
-            "image_id": manifest["id"],
-            "suspended_at": manifest["created"],
-        }
-    )
+    record_suspended(store, manifest)
 
 
 def gpus_profile(gpus: int) -> dict[str, Any]:
