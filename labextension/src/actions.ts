@@ -5,7 +5,13 @@ import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 
 import { showDetails } from './details';
-import { baseName, formatBytes, shortenIds, shortId } from './format';
+import {
+  baseName,
+  formatBytes,
+  savedName,
+  shortenIds,
+  shortId
+} from './format';
 import { confirmSuspend, KernelStatusModel } from './kernelstatus';
 import { IRowActions } from './panel';
 import { IResumed, IResumeHost, ResumeTarget, resumeInto } from './resume';
@@ -33,9 +39,12 @@ export class CkptActions implements IRowActions {
     private readonly _kernels: KernelStatusModel
   ) {}
 
+  /** Save now, under a name of its own (`savedName`): a state the user chose to keep,
+   * marked as named in the panel like `%ckpt save NAME`, not one of the images idle
+   * cycles write under the notebook's name. */
   async checkpoint(kernelId: string): Promise<void> {
     await this._write('Checkpoint', kernelId, () =>
-      this._api.checkpoint(kernelId)
+      this._api.checkpoint(kernelId, savedName(new Date()))
     );
   }
 

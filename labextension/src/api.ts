@@ -41,10 +41,10 @@ export class CkptApi implements ICkptApi {
     });
   }
 
-  checkpoint(kernelId: string): Promise<IWriteReply> {
+  checkpoint(kernelId: string, name?: string): Promise<IWriteReply> {
     return this._request(`kernels/${kernelId}/checkpoint`, {
       method: 'POST',
-      body: '{}'
+      body: JSON.stringify(name ? { name } : {})
     });
   }
 

@@ -137,7 +137,7 @@ export interface ICkptApi {
     id: string,
     options: { path?: string; kernel_name?: string }
   ): Promise<IResumeReply>;
-  checkpoint(kernelId: string): Promise<IWriteReply>;
+  checkpoint(kernelId: string, name?: string): Promise<IWriteReply>;
   suspend(kernelId: string): Promise<IWriteReply>;
   /** Every kernel; with `kernelId`, that kernel alone, its background work checked now. */
   status(kernelId?: string): Promise<IStatusReply>;

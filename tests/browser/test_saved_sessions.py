@@ -104,7 +104,11 @@ def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: La
     run_command(page, "Save Kernel State Now")
     expect(toast(page, "Checkpoint saved")).to_contain_text("Not saved: fh")
     kernel_id = lab.kernel_of(notebook)
-    assert any(i.get("kernel_id") == kernel_id for i in lab.api("GET", "api/ckpt/images"))
+    # a state the user chose to keep, under a name of its own (marked in the panel)
+    names = [
+        i["name"] for i in lab.api("GET", "api/ckpt/images") if i.get("kernel_id") == kernel_id
+    ]
+    assert len(names) == 1 and re.fullmatch(r"saved-\d{4}-\d\d-\d\d-\d{4}", names[0]), names
 
     # on_unsaveable="keep": the kernel stays up and the notification names the variable
     run_command(page, "Suspend Kernel Now")
