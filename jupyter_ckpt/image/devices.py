@@ -16,6 +16,7 @@ import contextvars
 import sys
 from typing import Any
 
+from ..compat import device_map
 from ..errors import DeviceUnavailable
 
 
@@ -55,19 +56,17 @@ class DeviceMapper:
         self.map_location = map_location
         self.warnings: list[str] = []
         self._map: dict[str, str] = {}
-        saved_cuda = sorted({d for d in saved_devices if d.startswith("cuda")}, key=_index)
+        saved_cuda = [d for d in saved_devices if d.startswith("cuda")]
         if map_location or not saved_cuda:
             return
         count = ops.cuda_device_count()
         if count == 0:
             return
-        if all(_index(d) < count for d in saved_cuda):
-            self._map = {d: d for d in saved_cuda}
-            return
-        for i, saved in enumerate(saved_cuda):
-            self._map[saved] = f"cuda:{i % count}"
+        # one rule for the restore and for the compatibility check that predicts it
+        self._map = {s: f"cuda:{t}" for s, t in device_map(saved_cuda, count).items()}
         moved = ", ".join(f"{s} -> {t}" for s, t in self._map.items() if s != t)
-        self.warnings.append(f"this node has {count} GPU(s); mapped {moved}")
+        if moved:
+            self.warnings.append(f"this node has {count} GPU(s); mapped {moved}")
 
     def resolve(self, saved: str) -> str:
         if self.map_location:
@@ -80,10 +79,6 @@ class DeviceMapper:
                 "restore with --map-location cpu to load it on the CPU"
             )
         return self._map[saved]
-
-
-def _index(device: str) -> int:
-    return int(device.partition(":")[2] or 0)
 
 
 # The mapper in force while an image is being unpickled (rebuild functions read it).
