@@ -20,6 +20,7 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
 from typing import Any
 
+from jupyter_client.session import Session
 from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_core.utils import ensure_async
 from traitlets import Any as AnyTrait
@@ -116,8 +117,8 @@ class CkptManager(LoggingConfigurable):
         None,
         allow_none=True,
         help="async callable(kernel_id, record), awaited inside a successful restore with "
-        "the suspended record it replaced: the autosaver records the restored kernel before "
-        "any autosave of it can start.",
+        "the suspended record it replaced (after a resume, a record naming the image): the "
+        "autosaver records the restored kernel before any autosave of it can start.",
     )
     session_manager = AnyTrait(
         None,
@@ -209,7 +210,11 @@ class CkptManager(LoggingConfigurable):
         loses the state and the request with it), not only after ``timeout``."""
         kernel = self.kernel_manager.get_kernel(kernel_id)
         pid = self.kernel_pid(kernel_id)
-        client = kernel.client()
+        # Its own session: kernel.client() copies the manager's, so two calls at once (an
+        # autosave and a checkpoint) would send the same message ids from the same shell
+        # identity, and one could take the other's reply as its own.
+        session = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)
+        client = kernel.client(session=session)
         client.start_channels(iopub=False, stdin=False, hb=False, control=False)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -6,6 +6,7 @@ not depend on timing; the crash test (test_server_crash.py) runs the real loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -158,6 +159,26 @@ async def test_a_suspend_waits_for_the_autosave_in_progress(
     assert (record.get("state"), record["image_id"]) == (None, saved["image_id"])
 
 
+async def test_a_checkpoint_while_an_autosave_starts_gets_its_own_reply(
+    jp_fetch, manager, autosaver, connect, events
+):
+    # two server calls into one kernel at once: each must read its own reply
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("y = 7")
+    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    checkpoint = jp_fetch(
+        "api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body="{}"
+    )
+    _, reply = await asyncio.gather(autosaver.start(kernel_id), checkpoint)
+    assert reply.code == 201
+    saved = json.loads(reply.body)
+    assert saved["saved"] == ["y"]
+    autosaved = await next_event(events, "checkpoint", trigger="autosave")
+    assert autosaved["status"] == "success"
+    assert manager.records.get(kernel_id)["image_id"] == autosaved["image_id"] != saved["id"]
+
+
 async def test_a_shutdown_or_restart_drops_the_running_record(
     jp_fetch, manager, autosaver, connect, events
 ):
@@ -207,6 +228,39 @@ async def test_the_scheduler_autosaves_idle_kernels_that_ran_a_cell(
     await autosaver.tracked[kernel_id].task
     assert autosaver.tick() == []  # at most once per interval
     assert manager.records.get(kernel_id)["state"] == "running"
+
+
+async def test_a_restored_kernel_is_autosaved_an_interval_after_its_restore(
+    jp_fetch, manager, autosaver, connect
+):
+    # the image it was restored from is its last save: a cell run after the restore does
+    # not make an autosave due at once (it would write the same state again)
+    await autosaver.stop()  # this test runs the ticks itself
+    manager.policy.autosave_idle = 0
+    _, kernel_id = await start_session(jp_fetch)
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    client = await connect(kernel_id)  # restores it
+    await client.execute("x = 1")
+    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    assert manager.records.get(kernel_id)["state"] == "running"  # its restore's record
+    assert autosaver.tick() == []
+    autosaver.tracked[kernel_id].saved_at -= manager.policy.autosave_interval
+    assert autosaver.tick() == [kernel_id]  # once the interval has passed
+    await autosaver.tracked[kernel_id].task
+
+
+async def test_a_resumed_kernel_is_recoverable_from_its_image_at_once(
+    jp_fetch, manager, autosaver, connect
+):
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("y = 7")
+    saved = await manager.checkpoint(kernel_id, "seven")
+    r = await jp_fetch("api", "ckpt", "images", "seven", "resume", method="POST", body="{}")
+    resumed = json.loads(r.body)["kernel"]["id"]
+    record = manager.records.get(resumed)  # a crash before its first autosave loses nothing
+    assert (record["state"], record["image_id"]) == ("running", saved["id"])
+    assert autosaver.tracked[resumed].image_id is None  # the user's image: never dropped
 
 
 async def test_kernels_of_excluded_specs_are_never_autosaved(jp_fetch, manager, autosaver, connect):
