@@ -403,6 +403,9 @@ class Autosaver(LoggingConfigurable):
                 tracked.kernel_info = record.get("kernel_info")
             summary = {**summarize_save(manifest, 0.0), "written": 0}
             await self._record(kernel_id, tracked, summary, restored_at=manifest["created"])
+            # the image it was restored from counts as its last save: the next autosave
+            # comes an interval later, not as soon as the first cell after the restore ran
+            tracked.saved_at = time.monotonic()
         except (CkptError, OSError) as exc:
             self.log.warning("Could not write the record of kernel %s: %s", kernel_id, exc)
 

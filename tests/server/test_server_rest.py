@@ -137,7 +137,9 @@ async def test_resume_into_a_notebook_with_a_kernel_replaces_that_kernel(
     sessions = await get_json(jp_fetch, "api", "sessions")
     assert [(s["id"], s["kernel"]["id"]) for s in sessions] == [(session_id, new_id)]
     assert [k["id"] for k in await get_json(jp_fetch, "api", "kernels")] == [new_id]
-    assert not manager.records.all()[0], "the suspended kernel's record went with it"
+    # the suspended kernel's record went with it; the new kernel's names the image it resumed
+    records = manager.records.all()[0]
+    assert [(k, r["state"]) for k, r in records.items()] == [(new_id, "running")]
     _, outputs = await (await connect(new_id)).execute("v")
     assert text_of(outputs) == "1"
 
