@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,12 @@ class Lab:
             data=None if body is None else json.dumps(body).encode(),
             headers={"Authorization": f"token {self.token}"},
         )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            text = response.read()
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read()
+        except urllib.error.HTTPError as exc:
+            # the server's answer (its message, and a traceback for a 500) in the failure
+            raise AssertionError(f"{method} {path}: {exc.code} {exc.read().decode()}") from exc
         return json.loads(text) if text else None
 
     def idle_for(self, kernel_id: str, seconds: float = IDLE_TIMEOUT) -> bool:

@@ -12,8 +12,8 @@ from statistics import mean
 import psutil
 from server_helpers import start_session, text_of
 
-CYCLES = 40  # about 90 s on 2 cores: a kernel starts on every restore
-WINDOW = 8  # cycles averaged at the start and at the end
+CYCLES = 20  # a kernel starts on every restore: about 2 min on a loaded 2-core machine
+WINDOW = 6  # cycles averaged at the start and at the end
 # Server memory a cycle may add (logs kept by the test run, allocator slack); a leak of
 # a kernel's client or an image's bytes per cycle is far more.
 RSS_PER_CYCLE = 512 << 10
