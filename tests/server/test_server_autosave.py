@@ -35,9 +35,24 @@ def autosaver(jp_serverapp: Any) -> Autosaver:
     return jp_serverapp.web_app.settings["jupyter_ckpt_autosaver"]
 
 
+async def _kernel_that_ran(
+    jp_fetch: Any, connect: Any, autosaver: Autosaver, code: str
+) -> tuple[str, Any]:
+    """A new session's kernel, with its client, once the autosaver has seen it run ``code``."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute(code)
+    await _cell_seen(autosaver, kernel_id)
+    return kernel_id, client
+
+
+async def _cell_seen(autosaver: Autosaver, kernel_id: str) -> None:
+    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+
+
 async def _autosaved(autosaver: Autosaver, kernel_id: str, events: list, n: int = 1) -> dict:
     """Run one autosave of ``kernel_id`` to its end; its (n-th) success event."""
-    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    await _cell_seen(autosaver, kernel_id)
     await autosaver.start(kernel_id)
     found = [e for e in events if e.get("trigger") == "autosave"]
     assert len(found) == n, found
@@ -48,10 +63,12 @@ async def _autosaved(autosaver: Autosaver, kernel_id: str, events: list, n: int 
 async def test_the_kernel_answers_while_a_forked_child_writes_its_image(
     jp_fetch, manager, autosaver, connect, events
 ):
-    _, kernel_id = await start_session(jp_fetch)
-    client = await connect(kernel_id)
-    await client.execute("import numpy as np\nbig = np.random.default_rng(0).random(2**24)")
-    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    kernel_id, client = await _kernel_that_ran(
+        jp_fetch,
+        connect,
+        autosaver,
+        "import numpy as np\nbig = np.random.default_rng(0).random(2**24)",
+    )
     task = autosaver.start(kernel_id)
     await poll(lambda: autosaver.tracked[kernel_id].child, what="the child to be forked")
     started = time.perf_counter()
@@ -140,10 +157,9 @@ async def test_a_thread_holding_a_lock_does_not_stop_the_autosave(
 async def test_a_suspend_waits_for_the_autosave_in_progress(
     jp_fetch, manager, autosaver, connect, events
 ):
-    _, kernel_id = await start_session(jp_fetch)
-    client = await connect(kernel_id)
-    await client.execute("import numpy as np\ndata = np.ones(2**23)")
-    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    kernel_id, client = await _kernel_that_ran(
+        jp_fetch, connect, autosaver, "import numpy as np\ndata = np.ones(2**23)"
+    )
     autosave = autosaver.start(kernel_id)
     await poll(lambda: autosaver.tracked[kernel_id].child, what="the child to be forked")
     client.close()
@@ -163,10 +179,7 @@ async def test_a_checkpoint_while_an_autosave_starts_gets_its_own_reply(
     jp_fetch, manager, autosaver, connect, events
 ):
     # two server calls into one kernel at once: each must read its own reply
-    _, kernel_id = await start_session(jp_fetch)
-    client = await connect(kernel_id)
-    await client.execute("y = 7")
-    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    kernel_id, _ = await _kernel_that_ran(jp_fetch, connect, autosaver, "y = 7")
     checkpoint = jp_fetch(
         "api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body="{}"
     )
@@ -203,11 +216,9 @@ async def test_a_shutdown_or_restart_drops_the_running_record(
 async def test_autosave_skips_when_free_memory_is_below_the_state(
     jp_fetch, manager, autosaver, connect, events
 ):
-    _, kernel_id = await start_session(jp_fetch)
-    client = await connect(kernel_id)
     # the state's size as the kernel knows it: far beyond any machine's memory
-    await client.execute("import jupyter_ckpt.kernel as k\nk.session().last_bytes = 1 << 60\nx = 1")
-    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    code = "import jupyter_ckpt.kernel as k\nk.session().last_bytes = 1 << 60\nx = 1"
+    kernel_id, _ = await _kernel_that_ran(jp_fetch, connect, autosaver, code)
     await autosaver.start(kernel_id)
     event = await next_event(events, "checkpoint", trigger="autosave")
     assert event["status"] == "skipped" and "free memory" in event["msg"], event
@@ -223,7 +234,7 @@ async def test_the_scheduler_autosaves_idle_kernels_that_ran_a_cell(
     assert autosaver.tick() == []  # nothing ran yet
     client = await connect(kernel_id)
     await client.execute("x = 1")
-    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    await _cell_seen(autosaver, kernel_id)
     assert autosaver.tick() == [kernel_id]
     await autosaver.tracked[kernel_id].task
     assert autosaver.tick() == []  # at most once per interval
@@ -241,7 +252,7 @@ async def test_a_restored_kernel_is_autosaved_an_interval_after_its_restore(
     await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
     client = await connect(kernel_id)  # restores it
     await client.execute("x = 1")
-    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    await _cell_seen(autosaver, kernel_id)
     assert manager.records.get(kernel_id)["state"] == "running"  # its restore's record
     assert autosaver.tick() == []
     autosaver.tracked[kernel_id].saved_at -= manager.policy.autosave_interval
@@ -270,7 +281,7 @@ async def test_kernels_of_excluded_specs_are_never_autosaved(jp_fetch, manager, 
     manager.policy.exclude_kernel_names = [manager.kernel_manager.get_kernel(kernel_id).kernel_name]
     client = await connect(kernel_id)
     await client.execute("x = 1")
-    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    await _cell_seen(autosaver, kernel_id)
     assert autosaver.tick() == []
     manager.policy.exclude_kernel_names = []
     assert autosaver.tick() == [kernel_id]  # the same kernel, once its spec is not excluded
