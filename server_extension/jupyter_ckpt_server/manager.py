@@ -619,10 +619,14 @@ class CkptManager(LoggingConfigurable):
             )
         else:
             await asyncio.to_thread(self.records.delete, kernel_id)
-            if self.after_restore is not None:
-                await self.after_restore(kernel_id, record)
+            await self.restored(kernel_id, record)
             self.record_event("restore", kernel_id, trigger, started, report)
         return report
+
+    async def restored(self, kernel_id: str, record: dict[str, Any]) -> None:
+        """A kernel now holds the state of ``record``'s image (a restore or a resume)."""
+        if self.after_restore is not None:
+            await self.after_restore(kernel_id, record)
 
     def _notebook_env(self, record: dict[str, Any]) -> dict[str, str]:
         """JPY_SESSION_NAME of the kernel's notebook under this server's root: after a

@@ -171,8 +171,7 @@ class CkptService:
             raise
         session = await self._attach(path, kernel_id) if path else None
         await manager.release_image(image_id)
-        if manager.after_restore is not None:  # recoverable from that image, as a restore is
-            await manager.after_restore(kernel_id, {"image_id": image_id})
+        await manager.restored(kernel_id, {"image_id": image_id})  # recoverable from it
         manager.record_event("resume", kernel_id, "api", started, report)
         return {"kernel": km.kernel_model(kernel_id), "session": session, "restore": report}
 
