@@ -240,14 +240,16 @@ MUTANTS = [
     # -- the server's suspend path ------------------------------------------------------
     Mutant(
         "verify-skipped",
-        f"{SERVER}/manager.py",
-        '            await asyncio.to_thread(self.store.verify, summary["id"])\n',
-        "            pass\n",
+        f"{SERVER}/lifecycle.py",
+        "            await asyncio.to_thread(self.store.verify, image_id)\n"
+        "        except CkptError as exc:\n"
+        "            # a broken image",
+        "            pass\n        except CkptError as exc:\n            # a broken image",
         (SAFETY,),
     ),
     Mutant(
         "verify-failure-ignored",
-        f"{SERVER}/manager.py",
+        f"{SERVER}/lifecycle.py",
         "            raise SuspendFailed("
         'f"the image failed verification and was removed: {exc}") from exc\n',
         "            self.log.warning('verification: %s', exc)\n",
@@ -255,18 +257,15 @@ MUTANTS = [
     ),
     Mutant(
         "gpu-release-not-awaited",
-        f"{SERVER}/manager.py",
-        "        release = await self._wait_gpu_released(pid_tree) if usage.holds_gpu else 0.0\n",
-        "        release = 0.0\n",
+        f"{SERVER}/lifecycle.py",
+        "        if usage.holds_gpu:\n            release = await self.rpc.wait_gpu_released(",
+        "        if False:\n            release = await self.rpc.wait_gpu_released(",
         (SAFETY,),
     ),
     Mutant(
         "gpu-release-timeout-silent",
-        f"{SERVER}/manager.py",
-        "        self.log.warning(\n"
-        '            "GPU memory of %s not released after %.0f s", pids, '
-        "self.gpu_release_timeout\n"
-        "        )\n",
+        f"{SERVER}/rpc.py",
+        '        log.warning("GPU memory of %s not released after %.0f s", pids, timeout)\n',
         "",
         (SAFETY,),
     ),
@@ -283,58 +282,57 @@ MUTANTS = [
     ),
     Mutant(
         "restore-not-shared",
-        f"{SERVER}/manager.py",
-        "        return await _shared(self._restores, kernel_id, "
-        "lambda: self._restore(kernel_id, trigger))\n",
-        "        return await self._restore(kernel_id, trigger)\n",
+        f"{SERVER}/lifecycle.py",
+        "        if lc.restore_task is None:\n",
+        "        if True:\n",
         (SAFETY,),
     ),
     Mutant(
         "busy-kernel-suspended",
-        f"{SERVER}/manager.py",
-        '            if kernel.execution_state == "busy":\n',
-        "            if False:\n",
+        f"{SERVER}/lifecycle.py",
+        '        if kernel.execution_state == "busy":\n            raise SuspendFailed(',
+        "        if False:\n            raise SuspendFailed(",
         (SUSPEND,),
     ),
     Mutant(
         "unsaveable-keep-ignored",
-        f"{SERVER}/manager.py",
+        f"{SERVER}/lifecycle.py",
         'if summary["lost"] and self.policy.on_unsaveable == "keep" and trigger != "shutdown":',
         "if False:",
         (SUSPEND, MONITOR),
     ),
     Mutant(
         "last-abort-check-skipped",
-        f"{SERVER}/manager.py",
-        "            # the last check: no await from here until the process is told to stop\n"
-        "            self._check(self._suspend_aborts, kernel_id)\n",
-        "",
+        f"{SERVER}/lifecycle.py",
+        "            # the last checks: no await from here until the process is told to stop\n"
+        "            self._check(lc)\n",
+        "            # the last checks: no await from here until the process is told to stop\n",
         (RACES,),
     ),
     Mutant(
         "aborted-record-kept",
-        f"{SERVER}/manager.py",
+        f"{SERVER}/lifecycle.py",
         "            if recorded:\n",
         "            if False:\n",
         (RACES, SAFETY),
     ),
     Mutant(
         "record-without-sessions",
-        f"{SERVER}/manager.py",
+        f"{SERVER}/lifecycle.py",
         '                "sessions": await self.sessions_of(kernel_id),\n',
         '                "sessions": [],\n',
         ("tests/server/test_server_records.py", "tests/server/test_server_restart.py"),
     ),
     Mutant(
         "record-without-env",
-        f"{SERVER}/manager.py",
-        '                "env": launch.get("env", {}),\n',
-        '                "env": {},\n',
+        f"{SERVER}/lifecycle.py",
+        '            "env": lc.launch.get("env", {}),\n',
+        '            "env": {},\n',
         (SUSPEND, "tests/server/test_server_restart.py"),
     ),
     Mutant(
         "unchanged-ignores-data",
-        f"{SERVER}/manager.py",
+        f"{SERVER}/lifecycle.py",
         '_CONTENT = ("kernel", "variables", "imports", "groups", "excluded", "devices", '
         '"environment")',
         '_CONTENT = ("variables", "imports", "excluded", "devices", "environment")',

@@ -28,6 +28,7 @@ What a fork does not carry, and how the child lives with it:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -75,6 +76,32 @@ class Job:
 
 
 _job: Job | None = None
+
+# a background save's temporary directory, and the file in it naming the kernel's pid
+DIRECTORY_PREFIX = "ckpt-autosave-"
+OWNER_FILE = "kernel.pid"
+
+
+def stale_directories(root: str | None = None) -> list[str]:
+    """Temporary directories of background saves whose kernel is gone (killed, crashed or
+    shut down before it reaped its child): nobody else removes them."""
+    root = root or tempfile.gettempdir()
+    stale = []
+    for entry in os.scandir(root):
+        if not entry.name.startswith(DIRECTORY_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            with open(os.path.join(entry.path, OWNER_FILE)) as f:
+                owner = int(f.read())
+        except (OSError, ValueError):  # not yet written, or written by an older version
+            owner = None
+        if owner is None:
+            with contextlib.suppress(OSError):
+                if time.time() - entry.stat().st_mtime > 60:
+                    stale.append(entry.path)
+        elif not psutil.pid_exists(owner):
+            stale.append(entry.path)
+    return stale
 
 
 def fork_blocker(proc_root: str = "/proc") -> str | None:
@@ -156,7 +183,9 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
             "reason": f"free memory ({free >> 20} MiB, {limit}) is below the state's "
             f"size ({need >> 20} MiB), which a forked save may have to copy",
         }
-    directory = tempfile.mkdtemp(prefix="ckpt-autosave-")
+    directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)
+    with open(os.path.join(directory, OWNER_FILE), "w") as f:
+        f.write(str(os.getpid()))
     threads = busy_threads()  # user threads: saved as they were at the fork
     started = time.perf_counter()
     gc.freeze()  # the child's collector must not write every object's page

@@ -62,13 +62,6 @@ class CkptExtensionApp(ExtensionApp):
             if warning:
                 self.log.warning(warning)
         store = ImageStore(parent=self)
-        km.ckpt_env = {
-            "JUPYTER_CKPT_STORE": store.root_url,
-            "JUPYTER_CKPT_USER": store.user,
-            "JUPYTER_CKPT_SECRET_FILE": store.signer.secret_file,
-            "JUPYTER_CKPT_ENCRYPTION": store.encryption,
-            "JUPYTER_CKPT_BUFFER_BYTES": str(store.buffer_bytes),
-        }
         event_logger = self.serverapp.event_logger
         event_logger.register_event_schema(SCHEMA_PATH)
         self.manager = CkptManager(
@@ -79,6 +72,16 @@ class CkptExtensionApp(ExtensionApp):
             probe=GpuProbe(),
             emit=lambda data: event_logger.emit(schema_id=SCHEMA_ID, data=data),
             session_manager=self.serverapp.session_manager,
+        )
+        km.attach(
+            self.manager.lifecycles,
+            {
+                "JUPYTER_CKPT_STORE": store.root_url,
+                "JUPYTER_CKPT_USER": store.user,
+                "JUPYTER_CKPT_SECRET_FILE": store.signer.secret_file,
+                "JUPYTER_CKPT_ENCRYPTION": store.encryption,
+                "JUPYTER_CKPT_BUFFER_BYTES": str(store.buffer_bytes),
+            },
         )
         self.monitor = IdleMonitor(self.manager)
         self.autosaver = Autosaver(parent=self, manager=self.manager)
@@ -123,9 +126,11 @@ class CkptExtensionApp(ExtensionApp):
         Every stop path calls it, some twice (a second signal, the shutdown API then
         SIGTERM from ``jupyter server stop``): each call waits for the one suspend, so
         no cleanup shuts kernels down while they are being saved."""
-        if self.monitor is None:
+        if self.monitor is None or self.manager is None:
             return
         if self._stopping is None:
+            # from here on, kernels shut down by the stop keep their records
+            self.manager.lifecycles.stopping = True
             if self.stop_guard is not None:
                 self.stop_guard.begin()
             self._stopping = asyncio.ensure_future(self._suspend_before_stop())

@@ -7,33 +7,39 @@ session manager drops any session whose kernel is not ``in`` it, and JupyterLab 
 kernel connection as soon as its id leaves ``/api/kernels``. Answering those questions here
 keeps a suspended kernel's id, model and sessions alive with no change to any handler.
 
-A suspended kernel has no ``KernelManager`` object (its process is gone); it is a record in
-:attr:`CkptKernelManager.suspended`. ``in`` and the models cover both kinds.
+A suspended kernel has no ``KernelManager`` object (its process is gone); it is a
+:class:`~.lifecycle.KernelLifecycle` in the suspended state. This class is an entry point:
+the kernels API's actions (start, restart, shutdown, interrupt, a session's environment)
+ask the lifecycles (:meth:`attach`) first, and the lifecycles use :meth:`stop_process` and
+the inherited start to run processes.
 
-The kernels API's actions (restart, shutdown, interrupt) first let the checkpoint manager
-settle a suspend or restore in progress (:attr:`CkptKernelManager.before_action`), so that
-each ends in the state the user asked for rather than the one the suspend or restore was
-heading to.
+Private jupyter_server and jupyter_client API this extension relies on (kept short; the
+upstream kernels and sessions tests run against this class in the suite):
+
+- ``MultiKernelManager._kernels`` (which kernels have a process);
+- ``MappingKernelManager._kernel_connections`` (connection counts, in the idle monitor);
+- ``MappingKernelManager._async_start_kernel``, ``_async_shutdown_kernel``,
+  ``_async_restart_kernel``, ``_async_interrupt_kernel``, ``_async_shutdown_all`` (the
+  methods overridden here, as their public aliases are assignments to them);
+- ``ZMQChannelsWebsocketConnection._open_sessions`` (closing a suspended kernel's
+  websockets) and ``BaseKernelWebsocketConnection`` (the suspended kernel's connection);
+- ``jupyter_server.services.kernels.handlers._kernel_id_regex`` and the handlers
+  ``startup`` subclasses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import functools
 import os
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from tornado import web
 
-# The id of the kernel that a restore is starting in the current task. jupyter_server and
-# jupyter_client refuse to start a kernel with an id that is already ``in`` the manager;
-# only the restoring task must see the suspended id as free, while every other task (a
-# session listing polled during the restore) must still see the kernel.
-restoring: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "jupyter_ckpt_restoring", default=None
-)
+from .lifecycle import Lifecycles, State, restoring
+from .rpc import SuspendFailed
 
 
 class CkptKernelManager(AsyncMappingKernelManager):
@@ -42,99 +48,96 @@ class CkptKernelManager(AsyncMappingKernelManager):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        # kernel id -> its suspended-kernel record (plus "state": suspended | restoring)
-        self.suspended: dict[str, dict[str, Any]] = {}
-        # kernel id -> how it was started (name, path, environment), for its record
-        self.launch: dict[str, dict[str, Any]] = {}
         # environment every kernel gets: the store and secret of the server's ImageStore
         self.ckpt_env: dict[str, str] = {}
-        # kernel id -> ckpt state of a running kernel ("suspending")
-        self.ckpt_states: dict[str, str] = {}
         # kernel id -> clients connected to it while it is suspended
         self.suspended_connections: dict[str, int] = {}
-        # kernel id -> the record of a kernel running without its image because the
-        # restore failed; the record (and so the image's pin) stays until the kernel is
-        # shut down, restarted, suspended again or its image resumed elsewhere
-        self.failed_restores: dict[str, dict[str, Any]] = {}
-        # called when a suspended kernel is shut down for good (drops its record)
-        self.on_discard: Callable[[str], Awaitable[None]] | None = None
-        # awaited with (kernel id, "shutdown" | "restart" | "interrupt") before the action:
-        # aborts or waits for a suspend or restore of that kernel in progress
-        self.before_action: Callable[[str, str], Awaitable[None]] | None = None
-        # called with (kernel id, True) once the server watches a started or restarted
-        # kernel's iopub, (kernel id, False) when it stops: the autosaver watches it too
-        self.on_watch: Callable[[str, bool], None] | None = None
-        # awaited once a started or restarted kernel is watched, before it is handed out:
-        # the autosaver makes sure its watch sees the first cell
-        self.after_start: Callable[[str], Awaitable[None]] | None = None
+        # the owner of every kernel's ckpt state; None: the extension is off, and this
+        # manager behaves as the stock one
+        self.lifecycles: Lifecycles | None = None
+        self._env_updates: set[asyncio.Task[None]] = set()
+
+    def attach(self, lifecycles: Lifecycles, env: dict[str, str]) -> None:
+        """The extension is on: kernels get ``env`` and the lifecycles own their state."""
+        self.lifecycles = lifecycles
+        self.ckpt_env = env
 
     def __contains__(self, kernel_id: object) -> bool:
         if kernel_id in self._kernels:
             return True
-        return kernel_id in self.suspended and restoring.get() != kernel_id
+        if self.lifecycles is None or not isinstance(kernel_id, str):
+            return False
+        return self.lifecycles.is_suspended(kernel_id) and restoring.get() != kernel_id
 
-    def is_suspended(self, kernel_id: str) -> bool:
-        """Listed and served as suspended: from the moment its image is committed, while
-        the old process is still shutting down (clients reconnecting then must not attach
-        to a dying kernel; a restore waits for the suspend to finish), until a restore has
-        started the new process."""
-        record = self.suspended.get(kernel_id)
-        return record is not None and (
-            kernel_id not in self._kernels or record["state"] == "suspended"
-        )
-
-    def _has_no_process(self, kernel_id: str) -> bool:
-        return kernel_id in self.suspended and kernel_id not in self._kernels
-
-    def is_running(self, kernel_id: str) -> bool:
+    def has_process(self, kernel_id: str) -> bool:
         """A kernel process exists (it may also be suspending or restoring)."""
         return kernel_id in self._kernels
+
+    is_running = has_process
+
+    def is_suspended(self, kernel_id: str) -> bool:
+        return self.lifecycles is not None and self.lifecycles.is_suspended(kernel_id)
 
     def running_ids(self) -> list[str]:
         return list(self._kernels)
 
+    # -- views of the lifecycles, for the monitor, the status and the listings ---------------
+
+    def _records_in(self, *states: State) -> dict[str, dict[str, Any]]:
+        if self.lifecycles is None:
+            return {}
+        return {
+            lc.kernel_id: {**lc.record, "state": lc.state.value}
+            for lc in self.lifecycles.in_state(*states)
+            if lc.record is not None
+        }
+
+    @property
+    def suspended(self) -> dict[str, dict[str, Any]]:
+        """Kernel id -> record of the kernels suspended or being restored."""
+        return self._records_in(State.SUSPENDED, State.RESTORING)
+
+    @property
+    def failed_restores(self) -> dict[str, dict[str, Any]]:
+        """Kernel id -> record of kernels running without the image their restore failed."""
+        return self._records_in(State.RESTORE_FAILED)
+
+    @property
+    def ckpt_states(self) -> dict[str, str]:
+        """Kernel id -> "suspending" for the kernels being suspended."""
+        if self.lifecycles is None:
+            return {}
+        return {lc.kernel_id: "suspending" for lc in self.lifecycles.in_state(State.SUSPENDING)}
+
     # -- models ---------------------------------------------------------------------------
 
+    def ckpt_field(self, kernel_id: str) -> dict[str, Any]:
+        lc = None if self.lifecycles is None else self.lifecycles.get(kernel_id)
+        return {"state": "running"} if lc is None else lc.model_field()
+
     def _suspended_model(self, kernel_id: str) -> dict[str, Any]:
-        record = self.suspended[kernel_id]
+        assert self.lifecycles is not None
+        lc = self.lifecycles[kernel_id]
+        assert lc.record is not None
         return {
             "id": kernel_id,
-            "name": record["kernel_name"],
-            "last_activity": record["last_activity"],
+            "name": lc.record["kernel_name"],
+            "last_activity": lc.record["last_activity"],
             # JupyterLab knows no "suspended" status; idle keeps the notebook usable
-            "execution_state": "idle" if record["state"] == "suspended" else "starting",
+            "execution_state": "idle" if lc.state is State.SUSPENDED else "starting",
             "connections": self.suspended_connections.get(kernel_id, 0),
-            "ckpt": self.ckpt_field(kernel_id),
+            "ckpt": lc.model_field(),
         }
-
-    def ckpt_field(self, kernel_id: str) -> dict[str, Any]:
-        record = self.suspended.get(kernel_id)
-        if record is None:
-            failed = self.failed_restores.get(kernel_id)
-            if failed is not None and kernel_id not in self.ckpt_states:
-                return {
-                    "state": "restore-failed",
-                    "image": failed["image_id"],
-                    "suspended_at": failed["suspended_at"],
-                    "error": failed["restore_error"],
-                }
-            return {"state": self.ckpt_states.get(kernel_id, "running")}
-        field = {
-            "state": record["state"],
-            "image": record["image_id"],
-            "suspended_at": record["suspended_at"],
-            "gpu_bytes": record.get("gpu", {}).get("bytes", 0),
-        }
-        if "recovered" in record:
-            field["recovered"] = record["recovered"]
-        return field
 
     def kernel_model(self, kernel_id: str) -> dict[str, Any]:
         # A restore's new process is in _kernels a moment before jupyter_server gives it
         # its activity markers: until then it is modelled from its record.
         kernel = self._kernels.get(kernel_id)
-        if kernel_id in self.suspended and (
-            kernel is None or not kernel.trait_has_value("last_activity")
+        lc = None if self.lifecycles is None else self.lifecycles.get(kernel_id)
+        if (
+            lc is not None
+            and lc.state in (State.SUSPENDED, State.RESTORING)
+            and (kernel is None or not kernel.trait_has_value("last_activity"))
         ):
             return self._suspended_model(kernel_id)
         model = super().kernel_model(kernel_id)
@@ -156,7 +159,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
     def remove_restart_callback(
         self, kernel_id: str, callback: Any, event: str = "restart"
     ) -> None:
-        if not self._has_no_process(kernel_id):
+        if self.has_process(kernel_id):
             super().remove_restart_callback(kernel_id, callback, event)
 
     def start_buffering(self, kernel_id: str, session_key: str, channels: dict) -> None:
@@ -167,93 +170,98 @@ class CkptKernelManager(AsyncMappingKernelManager):
             if not stream.closed():
                 stream.close()
 
-    # -- lifecycle ------------------------------------------------------------------------
+    # -- the kernels API's actions -----------------------------------------------------------
 
     def start_watching_activity(self, kernel_id: str) -> None:
         super().start_watching_activity(kernel_id)
-        if self.on_watch is not None:
-            self.on_watch(kernel_id, True)
+        if self.lifecycles is not None:
+            self.lifecycles.watch(kernel_id, True)
 
     def stop_watching_activity(self, kernel_id: str) -> None:
-        if self.on_watch is not None:
-            self.on_watch(kernel_id, False)
+        if self.lifecycles is not None:
+            self.lifecycles.watch(kernel_id, False)
         super().stop_watching_activity(kernel_id)
 
     async def _async_start_kernel(  # type: ignore[override]
         self, *, kernel_id: str | None = None, path: str | None = None, **kwargs: Any
     ) -> str:
         """Start a kernel with the store in its environment; a suspended id is returned
-        as an existing kernel (it restores when a client needs it)."""
+        as an existing kernel (it restores when a client needs it). An id its user shut
+        down is not started again: a stale client would get an empty kernel there."""
         if kernel_id is not None and kernel_id in self:
             return await super()._async_start_kernel(kernel_id=kernel_id, path=path, **kwargs)
+        if self.lifecycles is None:
+            return await super()._async_start_kernel(kernel_id=kernel_id, path=path, **kwargs)
+        try:
+            self.lifecycles.refuse_gone(kernel_id)
+        except SuspendFailed as exc:
+            raise web.HTTPError(404, str(exc)) from exc
         base_env = kwargs.pop("env", None) or os.environ
         env = {**base_env, **self.ckpt_env}
         kernel_id = await super()._async_start_kernel(
             kernel_id=kernel_id, path=path, env=env, **kwargs
         )
-        if self.after_start is not None:
-            await self.after_start(kernel_id)
-        self.launch[kernel_id] = {
-            "kernel_name": self.get_kernel(kernel_id).kernel_name,
-            "path": path,
-            # only what differs from the server's environment: the rest is inherited again
-            "env": {k: v for k, v in env.items() if os.environ.get(k) != v},
-        }
+        self.add_restart_callback(
+            kernel_id, functools.partial(self.lifecycles.process_restarted, kernel_id)
+        )
+        await self.lifecycles.started(
+            kernel_id,
+            {
+                "kernel_name": self.get_kernel(kernel_id).kernel_name,
+                "path": path,
+                # only what differs from the server's environment: the rest is inherited
+                "env": {k: v for k, v in env.items() if os.environ.get(k) != v},
+            },
+        )
         return kernel_id
 
     start_kernel = _async_start_kernel  # type: ignore[assignment]
 
-    async def _settle(self, kernel_id: str, action: str) -> None:
-        if self.before_action is not None:
-            await self.before_action(kernel_id, action)
-
-    async def _discard(self, kernel_id: str) -> None:
-        """The kernel's record is no longer needed: the user gave its state up."""
-        if self.on_discard is not None:
-            await self.on_discard(kernel_id)
-        self.suspended.pop(kernel_id, None)
-        self.failed_restores.pop(kernel_id, None)
-
     async def _async_shutdown_kernel(  # type: ignore[override]
         self, kernel_id: str, now: bool = False, restart: bool = False
     ) -> None:
-        await self._settle(kernel_id, "shutdown")
-        if self._has_no_process(kernel_id):
-            await self._discard(kernel_id)
-            return
-        if kernel_id in self.failed_restores or kernel_id in self.suspended:
-            await self._discard(kernel_id)  # a restore that failed or was aborted
-        await self.stop_process(kernel_id, now=now, restart=restart)
+        if self.lifecycles is not None:
+            await self.lifecycles.shutdown(kernel_id)
+        if self.has_process(kernel_id):
+            await self.stop_process(kernel_id, now=now, restart=restart)
 
     shutdown_kernel = _async_shutdown_kernel  # type: ignore[assignment]
 
     async def stop_process(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:
         """Shut the kernel's process down and keep any record: a suspend's last step."""
-        self.launch.pop(kernel_id, None)
-        self.ckpt_states.pop(kernel_id, None)
         await super()._async_shutdown_kernel(kernel_id, now=now, restart=restart)
 
+    async def _async_shutdown_all(self, now: bool = False) -> None:  # type: ignore[override]
+        """The server stops: kernels that could not be suspended keep their records (a
+        running kernel's last autosave stays recoverable), unlike a user's shutdown."""
+        if self.lifecycles is not None:
+            self.lifecycles.stopping = True
+        await super()._async_shutdown_all(now=now)
+
+    shutdown_all = _async_shutdown_all  # type: ignore[assignment]
+
     async def _async_interrupt_kernel(self, kernel_id: str) -> None:
-        await self._settle(kernel_id, "interrupt")
-        if self._has_no_process(kernel_id):
+        if self.lifecycles is not None:
+            await self.lifecycles.settle(kernel_id, "interrupt")
+        if not self.has_process(kernel_id):
             return  # nothing runs in a suspended kernel
         await ensure_async(super().interrupt_kernel(kernel_id))
 
     interrupt_kernel = _async_interrupt_kernel  # type: ignore[assignment]
 
     async def _async_restart_kernel(self, kernel_id: str, now: bool = False) -> Any:
-        """Restarting a suspended kernel means starting it fresh: its state is dropped,
-        as a restart drops a running kernel's state."""
-        await self._settle(kernel_id, "restart")
-        if not self._has_no_process(kernel_id):
-            if kernel_id in self.failed_restores or kernel_id in self.suspended:
-                await self._discard(kernel_id)
+        """Restarting a kernel gives its state up; restarting a suspended one means
+        starting it fresh, as a restart drops a running kernel's state."""
+        record = self.suspended.get(kernel_id)
+        if self.lifecycles is not None:
+            await self.lifecycles.restarted(kernel_id)
+        if self.has_process(kernel_id):
             restarted = await super()._async_restart_kernel(kernel_id, now=now)
-            if self.after_start is not None:
-                await self.after_start(kernel_id)
+            if self.lifecycles is not None:
+                await self.lifecycles.started(kernel_id, self.lifecycles[kernel_id].launch)
             return restarted
-        record = self.suspended[kernel_id]
-        await self._async_shutdown_kernel(kernel_id)
+        if record is None:
+            raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}")
         await self._async_start_kernel(
             kernel_id=kernel_id,
             kernel_name=record["kernel_name"],
@@ -265,3 +273,13 @@ class CkptKernelManager(AsyncMappingKernelManager):
         return done
 
     restart_kernel = _async_restart_kernel  # type: ignore[assignment]
+
+    def update_env(self, *, kernel_id: str, env: dict[str, str]) -> None:
+        """A session moved (renamed notebook, PATCH /api/sessions): a running kernel's
+        environment as upstream; a suspended kernel's record follows (it has no process)."""
+        if self.has_process(kernel_id):
+            super().update_env(kernel_id=kernel_id, env=env)
+        if self.lifecycles is not None and self.lifecycles.get(kernel_id) is not None:
+            task = asyncio.ensure_future(self.lifecycles.update_env(kernel_id, env))
+            self._env_updates.add(task)
+            task.add_done_callback(self._env_updates.discard)

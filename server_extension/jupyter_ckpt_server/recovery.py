@@ -1,10 +1,11 @@
 """Kernels that crashed: the records autosave left behind, and what the user is told.
 
 While a kernel runs with autosave, its record says ``state: "running"`` and names its
-last autosave. A clean shutdown removes the record and a suspend replaces it, so a server
-that starts and finds a running record whose kernel no process serves knows that kernel
-crashed (SIGKILL, OOM, a dead node): it lists it as recoverable, like a suspended one,
-and the first restore says what was lost.
+last autosave. The user's shutdown removes the record and a suspend replaces it, so a
+server that starts and finds a running record whose kernel no process serves knows that
+kernel crashed (SIGKILL, OOM, a dead node) or was stopped with its server without a
+suspend (a busy kernel, ``suspend_on_shutdown = False``): it lists it as recoverable,
+like a suspended one, and the first restore says what was lost.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ def recovered_field(record: dict[str, Any]) -> dict[str, Any] | None:
     """The model's ``ckpt.recovered`` of a crashed kernel's record, else None."""
     if record.get("state") != "running":
         return None
-    return {"autosave_at": record["autosave_at"], "crashed_after": record.get("alive_at")}
+    field = {"autosave_at": record["autosave_at"], "crashed_after": record.get("alive_at")}
+    if record.get("stopped_at"):  # an orderly stop that could not suspend it
+        field["stopped_at"] = record["stopped_at"]
+    return field
 
 
 def _clock(iso: str) -> str:
@@ -59,7 +63,14 @@ def recovery_message(record: dict[str, Any]) -> str:
     else:
         text = f"jupyter-ckpt: restored from the autosave of {saved_at}"
     alive = recovered.get("crashed_after")
-    if alive:
+    if recovered.get("stopped_at"):
+        stopped = datetime.fromisoformat(recovered["stopped_at"])
+        minutes = (stopped - saved).total_seconds() / 60
+        text += (
+            f" (the server stopped at {_clock(recovered['stopped_at'])} without suspending "
+            f"the kernel, {minutes:.0f} minute(s) after that image)"
+        )
+    elif alive:
         minutes = (datetime.fromisoformat(alive) - saved).total_seconds() / 60
         text += (
             f" (the kernel crashed after {_clock(alive)}, when the server last saw it "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import posixpath
 import time
 from typing import Any
 
@@ -79,21 +78,13 @@ class CkptService:
         from it), ``restore-failed`` (kept for a retry), ``autosave`` (a running kernel's
         crash-recovery record names it). The store refuses to delete any of them."""
         records, _ = await asyncio.to_thread(self.manager.records.all)
-        km = self.manager.kernel_manager
         return {
             **{
                 r["image_id"]: {"state": "autosave", "kernel_id": k}
                 for k, r in records.items()
                 if r.get("state") == "running" and r.get("image_id")
             },
-            **{
-                r["image_id"]: {"state": "restore-failed", "kernel_id": k}
-                for k, r in km.failed_restores.items()
-            },
-            **{
-                r["image_id"]: {"state": "suspended", "kernel_id": k}
-                for k, r in km.suspended.items()
-            },
+            **self.manager.lifecycles.pinned(),
         }
 
     async def list_images(self) -> list[dict[str, Any]]:
@@ -131,68 +122,24 @@ class CkptService:
         # The store refuses (ImageInUse) while a kernel's record names the image: a
         # suspended kernel's, or a running kernel's autosave (see _image_states).
         image_id = await asyncio.to_thread(self.manager.store.delete, ref)
-        self.manager.record_event("delete", None, "api", started, {"id": image_id})
+        self.manager.events.event("delete", None, "api", started, {"id": image_id})
         return image_id
 
     async def resume(
         self, ref: str, path: str | None = None, kernel_name: str | None = None
     ) -> dict[str, Any]:
         """Start a new kernel restored from an image; with ``path``, it becomes the kernel
-        of that notebook's session (see :meth:`_attach`)."""
-        manager = self.manager
-        km = manager.kernel_manager
-        started = time.perf_counter()
+        of that notebook's session (the old kernel is checkpointed, then shut down)."""
+        km = self.manager.kernel_manager
         if path is not None:
             check_path(path, km.root_dir)
-        image_id = await asyncio.to_thread(manager.store.resolve, ref)
-        await manager.ensure_compatible(image_id)
-        if path:
-            # as the session manager starts a notebook's kernel: in the notebook's
-            # directory, with JPY_SESSION_NAME, so later images keep naming the notebook
-            kernel_id = await self.session_manager.start_kernel_for_session(
-                session_id="",
-                path=path,
-                name=posixpath.basename(path),
-                type="notebook",
-                kernel_name=kernel_name,
-            )
-        else:
-            kernel_id = await km.start_kernel(kernel_name=kernel_name)
-        try:
-            async with manager.progress.watch(kernel_id, "resume") as progress:
-                report = await manager.kernel_call(
-                    kernel_id,
-                    f"restore({image_id!r}, progress={progress!r})",
-                    manager.policy.checkpoint_timeout,
-                )
-        except SuspendFailed as exc:
-            await km.shutdown_kernel(kernel_id)
-            manager.record_failure("resume", kernel_id, "api", exc, started)
-            raise
-        session = await self._attach(path, kernel_id) if path else None
-        await manager.release_image(image_id)
-        await manager.restored(kernel_id, {"image_id": image_id})  # recoverable from it
-        manager.record_event("resume", kernel_id, "api", started, report)
-        return {"kernel": km.kernel_model(kernel_id), "session": session, "restore": report}
-
-    async def _attach(self, path: str, kernel_id: str) -> dict[str, Any]:
-        """Make ``kernel_id`` the one kernel of the notebook at ``path``: its existing
-        session (open or not) moves to the new kernel and the kernel it had is shut down,
-        so the notebook can never attach to the old kernel, nor leave the new one
-        orphaned. A suspended old kernel loses only its record: its image is kept."""
-        sessions = self.session_manager
-        existing = [s for s in await sessions.list_sessions() if s["path"] == path]
-        if not existing:
-            return await sessions.create_session(
-                path=path, name=posixpath.basename(path), type="notebook", kernel_id=kernel_id
-            )
-        old = {s["kernel"]["id"] for s in existing} - {kernel_id}
-        for session in existing:
-            await sessions.update_session(session["id"], kernel_id=kernel_id)
-        for old_id in old:
-            if old_id in self.manager.kernel_manager:
-                await self.manager.kernel_manager.shutdown_kernel(old_id)
-        return await sessions.get_session(session_id=existing[0]["id"])
+        image_id = await asyncio.to_thread(self.manager.store.resolve, ref)
+        resumed = await self.manager.lifecycles.resume(image_id, path, kernel_name)
+        return {
+            "kernel": km.kernel_model(resumed["kernel_id"]),
+            "session": resumed["session"],
+            "restore": resumed["restore"],
+        }
 
     async def suspend_all(self, trigger: str, timeout: float | None = None) -> dict[str, Any]:
         """Suspend every running kernel that would lose state, in parallel, within
@@ -241,8 +188,8 @@ class CkptService:
             kernels.append(
                 {
                     **assessment.to_json(),
-                    "state": km.ckpt_states.get(assessment.kernel_id, "running"),
-                    "last_failure": manager.failures.get(assessment.kernel_id),
+                    "state": km.ckpt_field(assessment.kernel_id)["state"],
+                    "last_failure": manager.events.failures.get(assessment.kernel_id),
                 }
             )
         kernels.extend(
@@ -262,7 +209,7 @@ class CkptService:
         kernel stays up once the user deleted, rebound or excluded them all: asked now,
         not at the next attempt."""
         manager = self.manager
-        failure = manager.failures.get(kernel_id)
+        failure = manager.events.failures.get(kernel_id)
         km = manager.kernel_manager
         if not failure or not failure.get("lost") or not km.is_running(kernel_id):
             return
@@ -273,10 +220,10 @@ class CkptService:
             still = await quiet_call(manager, kernel_id, "still_unsaveable()", timeout)
         except (SuspendFailed, asyncio.TimeoutError):
             return  # the failure stands until the kernel can say
-        if manager.failures.get(kernel_id) is not failure:
+        if manager.events.failures.get(kernel_id) is not failure:
             return  # a newer attempt replaced it meanwhile
         lost = {name: why for name, why in failure["lost"].items() if name in still}
         if lost:
             failure["lost"] = lost
         else:
-            del manager.failures[kernel_id]
+            del manager.events.failures[kernel_id]

@@ -150,7 +150,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         if self._upgrade is None and suspended:
             msg_type = header.get("msg_type")
             if msg_type == "kernel_info_request":
-                info = self.manager.kernel_manager.suspended[self.kernel_id]["kernel_info"]
+                info = self.manager.lifecycles[self.kernel_id].record["kernel_info"]
                 self._reply(channel, header, "kernel_info_reply", info)
                 return
             if msg_type == "comm_info_request":
@@ -180,7 +180,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
     def _answer_history(self, channel: str, header: dict[str, Any], request: dict) -> None:
         """Reply to a history request from the image, read on a thread (the manifest is
         JSON: nothing is unpickled)."""
-        image_id = self.manager.kernel_manager.suspended[self.kernel_id]["image_id"]
+        image_id = self.manager.lifecycles[self.kernel_id].record["image_id"]
 
         async def answer() -> None:
             try:
@@ -238,6 +238,8 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
             report = await self.manager.restore(self.kernel_id, trigger=trigger)
             if not self._closed:
                 await self._hand_over(report)
+            elif self._queue:
+                await self._deliver_offline()
         except Exception as exc:
             self.log.error("Restore of kernel %s failed: %s", self.kernel_id, exc)
             self._write_error(f"jupyter-ckpt: the kernel could not be started again: {exc}")
@@ -265,6 +267,38 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         self._queue.clear()
         self.disconnect()
         handler.connection = connection
+
+    async def _deliver_offline(self) -> None:
+        """The socket closed during the restore, with the user's messages queued (a
+        network blip while the kernel came back): send them to the kernel anyway, on the
+        same session, and buffer the replies for the client's reconnect, as the server
+        does for a running kernel's socket that drops. A reconnect that already arrived
+        gets them on its live connection."""
+        from jupyter_server.services.kernels.connection.channels import (
+            ZMQChannelsWebsocketConnection,
+        )
+
+        session_key = f"{self.kernel_id}:{self.session.session}"
+        live = ZMQChannelsWebsocketConnection._open_sessions.get(session_key)
+        if live is not None and getattr(live, "connection", None) is not None:
+            connection = live.connection
+        else:
+            handler = self.websocket_handler
+            kernel = self.manager.kernel_manager.get_kernel(self.kernel_id)
+            connection = handler.kernel_websocket_connection_class(
+                parent=kernel, websocket_handler=handler, config=handler.config
+            )
+            connection.session.session = self.session.session
+            connection.session.key = kernel.session.key
+            connection.session_key = session_key
+            connection.create_stream()
+            await connection.nudge()  # iopub is subscribed before the cell runs
+            self.manager.kernel_manager.start_buffering(
+                self.kernel_id, session_key, connection.channels
+            )
+        for queued in self._queue:
+            connection.handle_incoming_message(queued)
+        self._queue.clear()
 
     def _first_header(self) -> dict[str, Any]:
         headers = [parse_ws_message(m, self._protocol)[1] for m in self._queue]

@@ -11,14 +11,17 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from jupyter_ckpt.gpu import GpuUsage
 
-from .manager import CkptManager, SuspendFailed
 from .policy import SuspendPolicy
+from .rpc import SuspendFailed
+
+if TYPE_CHECKING:
+    from .manager import CkptManager
 
 KERNEL_SIDE_KINDS = ("threads", "tasks")
 

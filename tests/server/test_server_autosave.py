@@ -47,7 +47,8 @@ async def _kernel_that_ran(
 
 
 async def _cell_seen(autosaver: Autosaver, kernel_id: str) -> None:
-    await poll(lambda: autosaver.tracked[kernel_id].executed, what="the cell to be seen")
+    lifecycles = autosaver.manager.lifecycles
+    await poll(lambda: lifecycles[kernel_id].executed, what="the cell to be seen")
 
 
 async def _autosaved(autosaver: Autosaver, kernel_id: str, events: list, n: int = 1) -> dict:
@@ -70,7 +71,7 @@ async def test_the_kernel_answers_while_a_forked_child_writes_its_image(
         "import numpy as np\nbig = np.random.default_rng(0).random(2**24)",
     )
     task = autosaver.start(kernel_id)
-    await poll(lambda: autosaver.tracked[kernel_id].child, what="the child to be forked")
+    await poll(lambda: manager.saver.job(kernel_id).child, what="the child to be forked")
     started = time.perf_counter()
     reply, outputs = await client.execute("1 + 1")
     print(f"latency of 1 + 1 during an autosave of 128 MiB: {time.perf_counter() - started:.3f} s")
@@ -161,7 +162,7 @@ async def test_a_suspend_waits_for_the_autosave_in_progress(
         jp_fetch, connect, autosaver, "import numpy as np\ndata = np.ones(2**23)"
     )
     autosave = autosaver.start(kernel_id)
-    await poll(lambda: autosaver.tracked[kernel_id].child, what="the child to be forked")
+    await poll(lambda: manager.saver.job(kernel_id).child, what="the child to be forked")
     client.close()
     summary = await manager.suspend(kernel_id)
     assert autosave.done()
@@ -236,7 +237,7 @@ async def test_the_scheduler_autosaves_idle_kernels_that_ran_a_cell(
     await client.execute("x = 1")
     await _cell_seen(autosaver, kernel_id)
     assert autosaver.tick() == [kernel_id]
-    await autosaver.tracked[kernel_id].task
+    await manager.lifecycles[kernel_id].autosave
     assert autosaver.tick() == []  # at most once per interval
     assert manager.records.get(kernel_id)["state"] == "running"
 
@@ -255,9 +256,9 @@ async def test_a_restored_kernel_is_autosaved_an_interval_after_its_restore(
     await _cell_seen(autosaver, kernel_id)
     assert manager.records.get(kernel_id)["state"] == "running"  # its restore's record
     assert autosaver.tick() == []
-    autosaver.tracked[kernel_id].saved_at -= manager.policy.autosave_interval
+    manager.saver.job(kernel_id).saved_at -= manager.policy.autosave_interval
     assert autosaver.tick() == [kernel_id]  # once the interval has passed
-    await autosaver.tracked[kernel_id].task
+    await manager.lifecycles[kernel_id].autosave
 
 
 async def test_a_resumed_kernel_is_recoverable_from_its_image_at_once(
@@ -271,7 +272,7 @@ async def test_a_resumed_kernel_is_recoverable_from_its_image_at_once(
     resumed = json.loads(r.body)["kernel"]["id"]
     record = manager.records.get(resumed)  # a crash before its first autosave loses nothing
     assert (record["state"], record["image_id"]) == ("running", saved["id"])
-    assert autosaver.tracked[resumed].image_id is None  # the user's image: never dropped
+    assert manager.lifecycles[resumed].autosave_image is None  # the user's image: never dropped
 
 
 async def test_kernels_of_excluded_specs_are_never_autosaved(jp_fetch, manager, autosaver, connect):
@@ -285,7 +286,7 @@ async def test_kernels_of_excluded_specs_are_never_autosaved(jp_fetch, manager, 
     assert autosaver.tick() == []
     manager.policy.exclude_kernel_names = []
     assert autosaver.tick() == [kernel_id]  # the same kernel, once its spec is not excluded
-    await autosaver.tracked[kernel_id].task
+    await manager.lifecycles[kernel_id].autosave
 
 
 async def test_a_kernel_with_cuda_initialized_saves_in_the_kernel_and_reports_the_stall(
@@ -336,11 +337,11 @@ async def test_autosave_concurrency_caps_the_autosaves_running_at_once(
         _, kernel_id = await start_session(jp_fetch, path)
         client = await connect(kernel_id)
         await client.execute("x = 1")
-        await poll(lambda k=kernel_id: autosaver.tracked[k].executed, what="the cell to be seen")
+        await poll(lambda k=kernel_id: manager.lifecycles[k].executed, what="the cell to be seen")
         kernels.append(kernel_id)
     (first,) = await poll(autosaver.tick, what="an autosave to start")
     assert autosaver.tick() == []  # one runs: autosave_concurrency (1) is reached
-    await autosaver.tracked[first].task
+    await manager.lifecycles[first].autosave
     (second,) = await poll(autosaver.tick, what="the other autosave to start")
     assert {first, second} == set(kernels)
-    await autosaver.tracked[second].task
+    await manager.lifecycles[second].autosave

@@ -84,7 +84,9 @@ async def test_a_crashed_kernel_is_recovered_from_its_autosave(tmp_path):
 
 
 @pytest.mark.parametrize("suspend_on_shutdown", [False, True])
-async def test_a_clean_stop_leaves_no_recoverable_kernel(tmp_path, suspend_on_shutdown):
+async def test_an_orderly_stop_keeps_every_kernel_recoverable(tmp_path, suspend_on_shutdown):
+    """Suspended at the stop, or, where the stop does not suspend, recoverable from its
+    last autosave: a server stop never gives a kernel's state up (only its user does)."""
     server = ServerProcess(tmp_path, {**AUTOSAVE, "suspend_on_shutdown": suspend_on_shutdown})
     await server.start()
     try:
@@ -100,9 +102,12 @@ async def test_a_clean_stop_leaves_no_recoverable_kernel(tmp_path, suspend_on_sh
             kernels = await poll(lambda: server.get("kernels"), what="the kernel listed")
             assert [(k["id"], k["ckpt"]["state"]) for k in kernels] == [(kernel_id, "suspended")]
             assert "recovered" not in kernels[0]["ckpt"]
-        else:  # shut down: gone
-            assert await server.get("kernels") == []
-            assert read_record(tmp_path, kernel_id) is None
+        else:  # stopped without a suspend: back from its autosave, saying so
+            kernels = await poll(lambda: server.get("kernels"), what="the kernel listed")
+            assert [(k["id"], k["ckpt"]["state"]) for k in kernels] == [(kernel_id, "suspended")]
+            assert "stopped_at" in kernels[0]["ckpt"]["recovered"]
+            output = await server.run_cell(kernel_id, "x + 1")
+            assert "the server stopped at" in output and output.endswith("42"), output
     finally:
         server.terminate()
 

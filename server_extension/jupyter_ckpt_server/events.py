@@ -1,0 +1,61 @@
+"""What the server tells about each action: jupyter_ckpt events, log lines, last failures."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Events:
+    """Emits one event per action (DESIGN section 5) and keeps each kernel's last failure,
+    which the status shows until a later attempt succeeds or its cause is gone."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None] | None, log: Any) -> None:
+        self.emit = emit
+        self.log = log
+        # kernel id -> why its last checkpoint or suspend failed (shown in status)
+        self.failures: dict[str, dict[str, Any]] = {}
+
+    def failure(
+        self, action: str, kernel_id: str, trigger: str, exc: BaseException, started: float
+    ) -> None:
+        reason = str(exc)
+        self.failures[kernel_id] = {"action": action, "reason": reason, "at": now_iso()}
+        if getattr(exc, "lost", None):
+            self.failures[kernel_id]["lost"] = exc.lost  # type: ignore[attr-defined]
+        self.log.warning("Could not %s kernel %s: %s", action, kernel_id, reason)
+        self.event(action, kernel_id, trigger, started, status="error", msg=reason)
+
+    def event(
+        self,
+        action: str,
+        kernel_id: str | None,
+        trigger: str,
+        started: float,
+        summary: dict[str, Any] | None = None,
+        status: str = "success",
+        **extra: Any,
+    ) -> None:
+        data: dict[str, Any] = {
+            "action": action,
+            "status": status,
+            "trigger": trigger,
+            "seconds": time.perf_counter() - started,
+            **extra,
+        }
+        if kernel_id:
+            data["kernel_id"] = kernel_id
+        if summary:
+            data["image_id"] = summary.get("id") or summary.get("image_id")
+            data["write_seconds"] = summary.get("seconds", 0.0)
+            if "bytes" in summary:
+                data["bytes"] = summary["bytes"]
+            data["missing"] = sorted(summary.get("lost") or summary.get("missing") or {})
+        if self.emit is not None:
+            self.emit(data)

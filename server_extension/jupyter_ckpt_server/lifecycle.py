@@ -1,0 +1,1125 @@
+"""One owner for each kernel's lifecycle: its state, its record and the pins on its images.
+
+**The invariant.** At every instant, for every kernel that ran a cell, a new server on the
+same store brings back a state at least as new as that kernel's newest committed image
+(checkpoint, autosave or suspend), and no retention, delete, rekey or gc removes an image
+that a record names. Only the user's own shutdown (or restart) drops a kernel's record.
+
+How it holds: :class:`Lifecycles` is the only code that writes or removes a kernel record
+(``kernels/<id>.json``) and the only code that changes a kernel's ckpt state. A record is
+replaced by a single atomic put, never removed and rewritten, and its in-memory copy
+changes only once the put succeeded, so a failed write leaves the previous record, and
+the image it pins, in force. Every external entry point (the kernels and sessions API
+through :class:`~.kernelmanager.CkptKernelManager`, the websocket, the idle monitor, the
+autosave scheduler, the stop guard, suspend-all, resume, delete, retention) calls in
+here; this module calls the kernel (``rpc``), the store, the background saver and the
+kernel manager's process primitives, and nothing calls back into it through a slot.
+One kernel's transitions are serialized by its lock.
+
+States and the events that move a kernel (``TRANSITIONS``; events that leave the state
+as it is, such as a cell, a checkpoint or an interrupt, are not listed):
+
+==============  ============================  ==============  =============================
+state           event                         next            its record in the store
+==============  ============================  ==============  =============================
+(none)          start                         running         none yet
+running         autosave tick                 autosaving      (unchanged)
+autosaving      autosave done or failed       running         running -> the new autosave
+running         suspend (idle, api, stop)     suspending      (unchanged)
+restore-failed  suspend                       suspending      (unchanged)
+suspending      committed                     suspended       suspended -> the new image
+suspending      failed or aborted             running         (unchanged)
+suspended       first message, connect        restoring       (unchanged)
+restoring       restored                      running         running -> the image
+restoring       restore failed                restore-failed  (unchanged: pins the image)
+(none)          crash found at start          suspended       running, marked recovered
+any             restart by the user           running         removed: the state is given up
+any             shutdown by the user          gone            removed
+any             shutdown by a server stop     gone            kept: recoverable next start
+==============  ============================  ==============  =============================
+
+A shutdown, restart or client message during a suspend aborts it at its next step; a
+shutdown or restart during a restore makes it skip its image; an autosave in progress is
+cancelled by a shutdown or restart, and waited for (within the deadline) by a suspend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import enum
+import json
+import os
+import posixpath
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.session import Session
+from jupyter_core.utils import ensure_async
+
+from jupyter_ckpt import compat
+from jupyter_ckpt.errors import CkptError, IncompatibleImage
+from jupyter_ckpt.kernel import summarize_save
+from jupyter_ckpt.store import ImageStore
+
+from .events import Events, now_iso
+from .policy import SuspendPolicy
+from .progress import ProgressWatch
+from .recovery import recovered_field, recovery_message, server_identity, writer_alive
+from .rpc import Aborted, KernelRPC, NothingToSave, SuspendFailed
+
+# how often at most a running record is rewritten with the cells run since its image
+RECORD_REFRESH_SECONDS = 5.0
+# how long a started kernel's watch may take to receive its first message, and how often
+# kernel info is asked for meanwhile
+JOIN_TIMEOUT = 30.0
+JOIN_NUDGE_SECONDS = 0.5
+
+# The id of the kernel that a restore is starting in the current task. jupyter_server and
+# jupyter_client refuse to start a kernel with an id that is already ``in`` the manager;
+# only the restoring task must see the suspended id as free, while every other task (a
+# session listing polled during the restore) must still see the kernel.
+restoring: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "jupyter_ckpt_restoring", default=None
+)
+
+
+class State(str, enum.Enum):
+    RUNNING = "running"
+    AUTOSAVING = "autosaving"
+    SUSPENDING = "suspending"
+    SUSPENDED = "suspended"
+    RESTORING = "restoring"
+    RESTORE_FAILED = "restore-failed"
+    GONE = "gone"
+
+
+S = State
+TRANSITIONS: dict[tuple[State, str], State] = {
+    (S.RUNNING, "autosave"): S.AUTOSAVING,
+    (S.AUTOSAVING, "autosaved"): S.RUNNING,
+    (S.RUNNING, "suspend"): S.SUSPENDING,
+    (S.RESTORE_FAILED, "suspend"): S.SUSPENDING,
+    (S.SUSPENDING, "committed"): S.SUSPENDED,
+    (S.SUSPENDING, "failed"): S.RUNNING,
+    (S.SUSPENDED, "restore"): S.RESTORING,
+    (S.RESTORING, "restored"): S.RUNNING,
+    (S.RESTORING, "restore-failed"): S.RESTORE_FAILED,
+    **{(s, "restart"): S.RUNNING for s in State if s is not S.GONE},
+    **{(s, "shutdown"): S.GONE for s in State},
+}
+
+# what a kernels-API action tells a suspend or restore in progress
+_ACTIONS = {
+    "shutdown": "the kernel was shut down",
+    "restart": "the kernel was restarted",
+    "interrupt": "the kernel was interrupted",
+}
+
+# what an image holds, as opposed to when, where and under which name it was written
+_CONTENT = ("kernel", "variables", "imports", "groups", "excluded", "devices", "environment")
+
+
+def _content(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {key: manifest.get(key) for key in _CONTENT}
+
+
+def _describe_lost(lost: dict[str, str]) -> str:
+    return "; ".join(f"{name} ({why})" for name, why in lost.items())
+
+
+class InvalidTransition(CkptError):
+    """An event that the kernel's state does not allow (a bug, not a user error)."""
+
+
+@dataclass
+class KernelLifecycle:
+    """One kernel: its state, its record as the store holds it, and what runs on it."""
+
+    kernel_id: str
+    state: State
+    record: dict[str, Any] | None = None  # the record in the store, as last put or read
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    abort: str | None = None  # why the suspend or restore in progress must stop
+    launch: dict[str, Any] = field(default_factory=dict)  # kernel name, path, environment
+    recovered: dict[str, Any] | None = None  # a crashed kernel found at start
+    restore_error: str | None = None
+    autosave_image: str | None = None  # its last autosave: replaced by the next one
+    executed: list[int] = field(default_factory=list)  # cells run since the record's image
+    cells: int = 0  # cells any client ran (execute_input seen on iopub)
+    messages: int = 0  # messages clients sent it on websockets
+    suspend_task: asyncio.Task[dict[str, Any]] | None = None  # shared by its callers
+    restore_task: asyncio.Task[dict[str, Any]] | None = None  # shared by its callers
+    autosave: asyncio.Task[Any] | None = None  # the autosave in progress
+    stream: Any = None  # the server's own iopub subscription
+    joined: asyncio.Event = field(default_factory=asyncio.Event)
+    kernel_info: dict[str, Any] | None = None
+    refresh: asyncio.Task[None] | None = None
+    refreshed_at: float = 0.0
+
+    def move(self, event: str) -> None:
+        nxt = TRANSITIONS.get((self.state, event))
+        if nxt is None:
+            raise InvalidTransition(f"kernel {self.kernel_id}: no {event!r} from {self.state}")
+        self.state = nxt
+
+    @property
+    def has_process(self) -> bool:
+        return self.state not in (S.SUSPENDED, S.GONE)
+
+    def model_field(self) -> dict[str, Any]:
+        """The kernel model's ``ckpt`` field."""
+        if self.state in (S.SUSPENDED, S.RESTORING) and self.record is not None:
+            field_ = {
+                "state": self.state.value,
+                "image": self.record["image_id"],
+                "suspended_at": self.record["suspended_at"],
+                "gpu_bytes": self.record.get("gpu", {}).get("bytes", 0),
+            }
+            if self.recovered is not None:
+                field_["recovered"] = self.recovered
+            return field_
+        if self.state is S.RESTORE_FAILED and self.record is not None:
+            return {
+                "state": "restore-failed",
+                "image": self.record["image_id"],
+                "suspended_at": self.record["suspended_at"],
+                "error": self.restore_error,
+            }
+        if self.state is S.SUSPENDING:
+            return {"state": "suspending"}
+        return {"state": "running"}
+
+
+class Lifecycles:
+    """Every kernel's :class:`KernelLifecycle`, and the transitions between its states."""
+
+    def __init__(
+        self,
+        *,
+        kernel_manager: Any,
+        store: ImageStore,
+        policy: SuspendPolicy,
+        rpc: KernelRPC,
+        events: Events,
+        progress: ProgressWatch,
+        saver: Any,
+        session_manager: Any,
+        node: Callable[[], dict[str, Any]],
+        gpu_release_timeout: float,
+        log: Any,
+    ) -> None:
+        self.km = kernel_manager
+        self.store = store
+        self.records = store.records
+        self.policy = policy
+        self.rpc = rpc
+        self.events = events
+        self.progress = progress
+        self.saver = saver
+        self.session_manager = session_manager
+        self.node = node
+        self.gpu_release_timeout = gpu_release_timeout
+        self.log = log
+        self.kernels: dict[str, KernelLifecycle] = {}
+        # ids the user shut down: never started again, so a stale client cannot bring an
+        # empty kernel back under an id whose notebook expects its state
+        self.gone: set[str] = set()
+        self.stopping = False  # the server is stopping: kernels shut down keep their record
+        self.identity = server_identity()
+        # async callable(step, kernel_id), awaited before each awaited step of a suspend
+        # and a restore: widens each window for fault-injection tests
+        self.step_hook: Callable[[str, str], Awaitable[None]] | None = None
+        self.restore_count = 0
+        self._resumes: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def __getitem__(self, kernel_id: str) -> KernelLifecycle:
+        return self.kernels[kernel_id]
+
+    def get(self, kernel_id: str) -> KernelLifecycle | None:
+        return self.kernels.get(kernel_id)
+
+    def state(self, kernel_id: str) -> State | None:
+        lc = self.kernels.get(kernel_id)
+        return None if lc is None else lc.state
+
+    def in_state(self, *states: State) -> list[KernelLifecycle]:
+        return [lc for lc in list(self.kernels.values()) if lc.state in states]
+
+    def is_suspended(self, kernel_id: str) -> bool:
+        """Listed and served as suspended: from the moment its image is committed, while
+        the old process is still shutting down (clients reconnecting then must not attach
+        to a dying kernel), until a restore has started the new process."""
+        lc = self.kernels.get(kernel_id)
+        if lc is None:
+            return False
+        return lc.state is S.SUSPENDED or (
+            lc.state is S.RESTORING and not self.km.has_process(kernel_id)
+        )
+
+    def pinned(self) -> dict[str, dict[str, str]]:
+        """Image id -> the kernel whose record names it and how (what GET /images shows)."""
+        pins = {}
+        for lc in list(self.kernels.values()):
+            if lc.record is None:
+                continue
+            how = {
+                S.SUSPENDED: "suspended",
+                S.RESTORING: "suspended",
+                S.RESTORE_FAILED: "restore-failed",
+            }.get(lc.state, "autosave")
+            pins[lc.record["image_id"]] = {"state": how, "kernel_id": lc.kernel_id}
+        return pins
+
+    async def _step(self, step: str, kernel_id: str) -> None:
+        if self.step_hook is not None:
+            await self.step_hook(step, kernel_id)
+
+    def _check(self, lc: KernelLifecycle) -> None:
+        if lc.abort is not None:
+            raise Aborted(lc.abort)
+
+    # -- records: the only writes ------------------------------------------------------------
+
+    async def _put(self, lc: KernelLifecycle, record: dict[str, Any]) -> None:
+        """Replace the kernel's record; the in-memory copy follows only a committed put."""
+        await asyncio.to_thread(self.records.put, record)
+        lc.record = record
+
+    async def _drop(self, lc: KernelLifecycle) -> None:
+        """Remove the kernel's record: only for a state its user gave up."""
+        if lc.record is None:
+            return
+        try:
+            await asyncio.to_thread(self.records.delete, lc.kernel_id)
+        except FileNotFoundError:
+            pass
+        except (CkptError, OSError) as exc:
+            self.log.warning("Could not remove the record of kernel %s: %s", lc.kernel_id, exc)
+            return
+        lc.record = None
+
+    def _base_record(self, lc: KernelLifecycle, image_id: str) -> dict[str, Any]:
+        kernel = self.km.get_kernel(lc.kernel_id)
+        return {
+            "kernel_id": lc.kernel_id,
+            "kernel_name": kernel.kernel_name,
+            "path": lc.launch.get("path"),
+            "env": lc.launch.get("env", {}),
+            "image_id": image_id,
+            "kernel_info": lc.kernel_info,
+            "last_activity": kernel.last_activity.isoformat(),
+            "suspended_at": now_iso(),
+            "server_name": os.environ.get("JUPYTERHUB_SERVER_NAME", ""),
+        }
+
+    async def _running_record(
+        self, lc: KernelLifecycle, summary: dict[str, Any], trigger: str, saved_at: str
+    ) -> dict[str, Any]:
+        count = summary.get("execution_count") or 0
+        lc.executed = [n for n in lc.executed if n >= count]
+        return {
+            **self._base_record(lc, summary["id"]),
+            "autosave_at": saved_at,
+            "execution_count": count,
+            "trigger": trigger,
+            "gpu": self.rpc.gpu_usage(lc.kernel_id).to_json(),
+            "lost": summary["lost"],
+            "bytes": summary["bytes"],
+            "written": summary.get("written", 0),
+            "state": "running",
+            "server": self.identity,
+            "cells_after": list(lc.executed),
+            "alive_at": now_iso(),
+            "sessions": await self.sessions_of(lc.kernel_id),
+        }
+
+    def _schedule_refresh(self, lc: KernelLifecycle) -> None:
+        """Rewrite the running record with the cells run since its image, at most every
+        RECORD_REFRESH_SECONDS: a crash then names the cells whose effects are lost."""
+        if lc.refresh is not None or lc.record is None or lc.record.get("state") != "running":
+            return
+        wait = lc.refreshed_at + RECORD_REFRESH_SECONDS - time.monotonic()
+
+        async def refresh() -> None:
+            try:
+                await asyncio.sleep(max(0.0, wait))
+                if lc.state is S.RUNNING and not lc.lock.locked() and lc.record is not None:
+                    async with lc.lock:
+                        if lc.state is S.RUNNING and lc.record is not None:
+                            record = {
+                                **lc.record,
+                                "cells_after": list(lc.executed),
+                                "alive_at": now_iso(),
+                            }
+                            lc.refreshed_at = time.monotonic()
+                            await self._put(lc, record)
+            except (CkptError, OSError) as exc:
+                self.log.warning("Could not update the record of kernel %s: %s", lc.kernel_id, exc)
+            finally:
+                lc.refresh = None
+
+        lc.refresh = asyncio.ensure_future(refresh())
+
+    # -- a kernel process starts -------------------------------------------------------------
+
+    def refuse_gone(self, kernel_id: str | None) -> None:
+        if kernel_id is not None and kernel_id in self.gone:
+            raise SuspendFailed(
+                f"kernel {kernel_id} was shut down and its state given up; its images are "
+                "kept: resume one from the saved sessions instead"
+            )
+
+    def watch(self, kernel_id: str, start: bool) -> None:
+        """Follow a started kernel's ``execute_input`` messages on the server's own iopub
+        subscription (stop on False): the cells run since its last image, and whether a
+        client ran one during a suspend."""
+        lc = self.kernels.get(kernel_id)
+        if lc is None and not start:
+            return
+        if lc is None:
+            lc = self.kernels[kernel_id] = KernelLifecycle(kernel_id, S.RUNNING)
+        if lc.stream is not None and not lc.stream.closed():
+            lc.stream.close()
+        lc.stream = None
+        if not start:
+            return
+        lc.joined = asyncio.Event()
+        kernel = self.km.get_kernel(kernel_id)
+        stream = lc.stream = kernel.connect_iopub()
+        session = Session(config=kernel.session.config, key=kernel.session.key)
+
+        def on_iopub(msg_list: list[bytes]) -> None:
+            _, parts = session.feed_identities(msg_list)
+            msg = session.deserialize(parts, content=False)
+            lc.joined.set()
+            if msg["header"]["msg_type"] == "execute_input":
+                lc.cells += 1
+                lc.executed.append(json.loads(msg["content"])["execution_count"])
+                self._schedule_refresh(lc)
+
+        stream.on_recv(on_iopub)
+
+    async def started(self, kernel_id: str, launch: dict[str, Any]) -> None:
+        """A kernel process started (fresh, restarted, or for a restore): wait until the
+        server's watch receives its messages before it is handed out.
+
+        A ZMQ subscriber misses what the kernel publishes before its subscription reaches
+        the kernel (the "slow joiner"): a first cell run meanwhile would go unseen. As
+        jupyter_server's websocket does, ask for kernel info until a message arrives; the
+        reply is kept for the kernel's record."""
+        lc = self.kernels.setdefault(kernel_id, KernelLifecycle(kernel_id, S.RUNNING))
+        lc.launch = launch
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while lc.stream is not None and not lc.joined.is_set():
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise SuspendFailed(f"no message within {JOIN_TIMEOUT:.0f} s")
+                lc.kernel_info = await self.rpc.request(kernel_id, "kernel_info", left)
+                await asyncio.wait_for(lc.joined.wait(), min(JOIN_NUDGE_SECONDS, left))
+            except asyncio.TimeoutError:
+                continue
+            except SuspendFailed as exc:
+                self.log.warning("The server may miss the cells of kernel %s: %s", kernel_id, exc)
+                return
+
+    def process_restarted(self, kernel_id: str) -> None:
+        """The kernel's process died and was restarted automatically (an OOM kill): its
+        state is lost, but its last autosave stays in the store as a saved image the
+        user can resume; the fresh kernel's first autosave must not replace it."""
+        lc = self.kernels.get(kernel_id)
+        if lc is None or lc.autosave_image is None:
+            return
+        self.log.warning(
+            "Kernel %s restarted after its process died; its last autosave %s is kept",
+            kernel_id,
+            lc.autosave_image,
+        )
+        lc.autosave_image = None
+
+    # -- entry points from the kernels API ----------------------------------------------------
+
+    async def settle(self, kernel_id: str, action: str) -> KernelLifecycle | None:
+        """Before a kernels-API action: stop a suspend in progress at its next step (the
+        kernel keeps running), make a restore skip its image on shutdown or restart, and
+        cancel an autosave; wait for them, so the action applies to a settled state."""
+        lc = self.kernels.get(kernel_id)
+        if lc is None:
+            return None
+        why = _ACTIONS[action]
+        if lc.state is S.SUSPENDING or (lc.state is S.RESTORING and action != "interrupt"):
+            lc.abort = lc.abort or why
+        if action != "interrupt":
+            self.saver.cancel(kernel_id)
+            if lc.autosave is not None:
+                lc.autosave.cancel()
+        tasks = [lc.suspend_task, lc.restore_task]
+        if action != "interrupt":
+            tasks.append(lc.autosave)
+        for task in tasks:
+            if task is not None:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(task)
+        return lc
+
+    async def shutdown(self, kernel_id: str) -> None:
+        """The kernel is shut down: by its user (its record goes, the state is given up)
+        or by a server stop (its record stays, so the next server brings it back)."""
+        lc = await self.settle(kernel_id, "shutdown")
+        if lc is None:
+            return
+        async with lc.lock:
+            if not self.stopping:
+                await self._drop(lc)
+                self.gone.add(kernel_id)
+            elif lc.record is not None and lc.record.get("state") == "running":
+                await self._note_stop(lc)
+            self._forget(lc)
+
+    async def _note_stop(self, lc: KernelLifecycle) -> None:
+        """The server stops a kernel it could not suspend: its running record stays, so
+        the next server brings back its last image, and says when the stop came."""
+        assert lc.record is not None
+        record = {**lc.record, "cells_after": list(lc.executed), "stopped_at": now_iso()}
+        try:
+            await self._put(lc, record)
+        except (CkptError, OSError) as exc:  # the record before it still names the image
+            self.log.warning("Could not update the record of kernel %s: %s", lc.kernel_id, exc)
+
+    async def restarted(self, kernel_id: str) -> None:
+        """The user restarts the kernel: its state, and so its record, is given up."""
+        lc = await self.settle(kernel_id, "restart")
+        if lc is None:
+            return
+        async with lc.lock:
+            await self._drop(lc)
+            lc.move("restart")
+            lc.recovered = lc.restore_error = lc.autosave_image = None
+            lc.executed = []
+
+    async def update_env(self, kernel_id: str, env: dict[str, str]) -> None:
+        """A session of a suspended kernel moved (renamed notebook, changed kernel path):
+        its record follows, so the restored kernel and its later images name the notebook."""
+        lc = self.kernels.get(kernel_id)
+        if lc is None or lc.record is None:
+            return
+        async with lc.lock:
+            if lc.record is None:
+                return
+            lc.launch = {**lc.launch, "env": {**lc.launch.get("env", {}), **env}}
+            record = {
+                **lc.record,
+                "env": {**lc.record.get("env", {}), **env},
+                "sessions": await self.sessions_of(kernel_id) or lc.record.get("sessions", []),
+            }
+            try:
+                await self._put(lc, record)
+            except (CkptError, OSError) as exc:
+                self.log.warning("Could not update the record of kernel %s: %s", kernel_id, exc)
+
+    def _forget(self, lc: KernelLifecycle) -> None:
+        lc.state = S.GONE
+        self.saver.forget(lc.kernel_id)
+        if lc.stream is not None and not lc.stream.closed():
+            lc.stream.close()
+        if lc.refresh is not None:
+            lc.refresh.cancel()
+        self.kernels.pop(lc.kernel_id, None)
+
+    def client_message(self, kernel_id: str) -> None:
+        """A client sent the kernel a message (any channel): a suspend in progress must not
+        shut the kernel down, or the message would be lost."""
+        lc = self.kernels.get(kernel_id)
+        if lc is None:
+            return
+        lc.messages += 1
+        if lc.state is S.SUSPENDING:
+            lc.abort = lc.abort or "a client used the kernel while it was being suspended"
+
+    # -- checkpoint ---------------------------------------------------------------------------
+
+    def _timeout(self, deadline: float | None) -> float:
+        """Seconds one step may take: the policy's, capped by the caller's deadline."""
+        timeout = self.policy.checkpoint_timeout
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+        if timeout <= 0:
+            raise SuspendFailed("no time left before the deadline")
+        return timeout
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, lc: KernelLifecycle, deadline: float | None) -> AsyncIterator[None]:
+        """Hold the kernel's lock; an autosave that holds it beyond the deadline is
+        cancelled (its image is not needed: the caller writes a newer one)."""
+        try:
+            await asyncio.wait_for(lc.lock.acquire(), self._timeout(deadline))
+        except asyncio.TimeoutError:
+            if lc.autosave is None:
+                raise SuspendFailed("another action on the kernel did not finish in time") from None
+            self.saver.cancel(lc.kernel_id)
+            lc.autosave.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(lc.autosave)
+            await lc.lock.acquire()
+        try:
+            yield
+        finally:
+            lc.lock.release()
+
+    def _lifecycle(self, kernel_id: str) -> KernelLifecycle:
+        lc = self.kernels.get(kernel_id)
+        if lc is None or not self.km.has_process(kernel_id):
+            raise NothingToSave(f"kernel {kernel_id} is not running")
+        return lc
+
+    async def checkpoint(self, kernel_id: str, name: str | None = None) -> dict[str, Any]:
+        """Write an image now; the kernel keeps running."""
+        started = time.perf_counter()
+        try:
+            lc = self._lifecycle(kernel_id)
+            async with self._locked(lc, None):
+                if not lc.has_process:
+                    raise SuspendFailed(f"kernel {kernel_id} is not running")
+                summary = await self._write_image(kernel_id, name, self._timeout(None))
+        except SuspendFailed as exc:
+            self.events.failure("checkpoint", kernel_id, "api", exc, started)
+            raise
+        self.events.event("checkpoint", kernel_id, "api", started, summary)
+        return summary
+
+    async def _write_image(
+        self, kernel_id: str, name: str | None, timeout: float, action: str = "checkpoint"
+    ) -> dict[str, Any]:
+        await self._step("checkpoint", kernel_id)
+        async with self.progress.watch(kernel_id, action) as progress:
+            call = f"checkpoint({name!r}, progress={progress!r})"
+            summary = await self.rpc.call(kernel_id, call, timeout)
+        await self._step("verify", kernel_id)
+        await self._verify(summary["id"])
+        return summary
+
+    async def _verify(self, image_id: str) -> None:
+        try:
+            await asyncio.to_thread(self.store.verify, image_id)
+        except CkptError as exc:
+            # a broken image must not be offered for restore or resume
+            await asyncio.to_thread(self.forget_image, image_id)
+            raise SuspendFailed(f"the image failed verification and was removed: {exc}") from exc
+
+    def forget_image(self, image_id: str) -> None:
+        try:
+            self.store.delete(image_id)
+        except CkptError as exc:
+            self.log.warning("could not remove image %s: %s", image_id, exc)
+
+    # -- autosave ----------------------------------------------------------------------------
+
+    def start_autosave(self, kernel_id: str) -> asyncio.Task[None] | None:
+        """Autosave a running kernel in the background unless another action holds it."""
+        lc = self.kernels.get(kernel_id)
+        if lc is None or lc.state is not S.RUNNING or lc.lock.locked() or lc.autosave:
+            return None
+        lc.autosave = asyncio.ensure_future(self._autosave(lc))
+        lc.autosave.add_done_callback(lambda _: setattr(lc, "autosave", None))
+        return lc.autosave
+
+    async def _autosave(self, lc: KernelLifecycle) -> None:
+        started = time.perf_counter()
+        kernel_id = lc.kernel_id
+        async with lc.lock:
+            if lc.state is not S.RUNNING:
+                return
+            lc.move("autosave")
+            written = None
+            try:
+                cells = lc.cells
+                summary = await self.saver.save(
+                    kernel_id, self.policy.checkpoint_timeout, kernel_info=lc.kernel_info is None
+                )
+                if summary is None:  # skipped, and said why
+                    return
+                lc.kernel_info = summary.pop("kernel_info", lc.kernel_info)
+                written = summary["id"]
+                try:
+                    await asyncio.to_thread(self.store.verify, written)
+                except CkptError as exc:
+                    raise SuspendFailed(f"the image failed verification: {exc}") from exc
+                record = await self._running_record(lc, summary, "autosave", now_iso())
+                if lc.cells != cells:  # cells ran during the save: they come after it
+                    record["cells_after"] = list(lc.executed)
+                previous = lc.autosave_image
+                await self._put(lc, record)
+                lc.refreshed_at = time.monotonic()
+                written = None  # recorded: kept
+                lc.autosave_image = summary["id"]
+                if previous is not None and previous != summary["id"]:
+                    await asyncio.to_thread(self.forget_image, previous)
+            except (SuspendFailed, CkptError, OSError) as exc:
+                self.events.failure("checkpoint", kernel_id, "autosave", exc, started)
+                return
+            finally:
+                if lc.state is S.AUTOSAVING:
+                    lc.move("autosaved")
+                if written is not None:  # written but not recorded: not offered for restore
+                    await asyncio.to_thread(self.forget_image, written)
+        self.saver.report(kernel_id, summary, started)
+
+    # -- suspend ------------------------------------------------------------------------------
+
+    async def suspend(
+        self, kernel_id: str, trigger: str = "api", timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Write the kernel's image, record it, shut the kernel down; raise SuspendFailed
+        (the kernel keeps running) if any step fails or another caller needs the kernel
+        meanwhile. One suspend per kernel at a time: callers arriving meanwhile share it;
+        ``timeout`` caps the whole of it."""
+        lc = self.kernels.get(kernel_id)
+        if lc is None:
+            raise NothingToSave(f"kernel {kernel_id} is not running")
+        if lc.suspend_task is None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            task = lc.suspend_task = asyncio.ensure_future(self._suspend(lc, trigger, deadline))
+            task.add_done_callback(lambda _: setattr(lc, "suspend_task", None))
+        return await asyncio.shield(lc.suspend_task)
+
+    async def _suspend(
+        self, lc: KernelLifecycle, trigger: str, deadline: float | None
+    ) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            async with self._locked(lc, deadline):
+                return await self._suspend_locked(lc, trigger, deadline, started)
+        except SuspendFailed as exc:
+            self.events.failure("suspend", lc.kernel_id, trigger, exc, started)
+            raise
+
+    async def _suspend_locked(
+        self, lc: KernelLifecycle, trigger: str, deadline: float | None, started: float
+    ) -> dict[str, Any]:
+        kernel_id, km = lc.kernel_id, self.km
+        if lc.state is S.SUSPENDED:
+            raise NothingToSave(f"kernel {kernel_id} is already suspended")
+        if lc.state is S.GONE or not km.has_process(kernel_id):
+            raise NothingToSave(f"kernel {kernel_id} is not running")
+        kernel = km.get_kernel(kernel_id)
+        if kernel.execution_state == "busy":
+            raise SuspendFailed("the kernel is busy")
+        if not await ensure_async(kernel.is_alive()):
+            raise NothingToSave("the kernel's process has died: there is no state to save")
+        previous = lc.record
+        was = lc.state
+        lc.abort = None
+        lc.move("suspend")
+        cells = lc.cells
+        written = None  # the image this suspend wrote, removed if the suspend fails
+        recorded = False
+        try:
+            # After every await up to the shutdown, a client message, restart, interrupt
+            # or shutdown that arrived meanwhile aborts the suspend (see settle()).
+            await self._step("kernel_info", kernel_id)
+            info = await self.rpc.request(kernel_id, "kernel_info", self._timeout(deadline))
+            lc.kernel_info = info
+            self._check(lc)
+            usage = self.rpc.gpu_usage(kernel_id)
+            summary = await self._write_image(kernel_id, None, self._timeout(deadline), "suspend")
+            image_id = written = summary["id"]
+            self._check(lc)
+            parent = await asyncio.to_thread(self._unchanged_parent, image_id)
+            if parent is not None:
+                # nothing changed since the image the kernel came from: keep that one, so
+                # that idle cycles of an untouched kernel do not pile up identical images
+                await asyncio.to_thread(self.forget_image, image_id)
+                written = None
+                image_id = parent["id"]
+                summary = {**summary, "id": image_id, "name": parent["name"]}
+            # at shutdown the state is lost anyway: keep what can be kept
+            if summary["lost"] and self.policy.on_unsaveable == "keep" and trigger != "shutdown":
+                raise SuspendFailed(
+                    "variables cannot be saved (on_unsaveable=keep): "
+                    + _describe_lost(summary["lost"]),
+                    lost=summary["lost"],
+                )
+            record = {
+                **self._base_record(lc, image_id),
+                "trigger": trigger,
+                "gpu": usage.to_json(),
+                "lost": summary["lost"],
+                "sessions": await self.sessions_of(kernel_id),
+            }
+            await self._step("record", kernel_id)
+            await self._put(lc, record)
+            recorded = True
+            await self._step("recorded", kernel_id)
+            # A fence: the kernel answers only after any cell queued before it (a console
+            # on the shell channel, which no websocket sees), whose execute_input it has
+            # published by then.
+            await self.rpc.request(kernel_id, "kernel_info", self._timeout(deadline))
+            await self.rpc.settled(kernel_id)
+            # the last checks: no await from here until the process is told to stop
+            self._check(lc)
+            if lc.cells != cells or kernel.execution_state == "busy":
+                raise Aborted("a client ran a cell while the kernel was being suspended")
+        except (SuspendFailed, CkptError, OSError) as exc:
+            lc.state = was
+            if recorded:
+                await self._put_back(lc, previous)
+            if written is not None:
+                await asyncio.to_thread(self.forget_image, written)
+            raise (exc if isinstance(exc, SuspendFailed) else SuspendFailed(str(exc))) from exc
+        finally:
+            lc.abort = None
+        pid_tree = self.rpc.probe.process_tree(self.rpc.pid(kernel_id) or 0)
+        # listed as suspended before the process goes, so the id never leaves the listing;
+        # clients reconnect at once and find it suspended, never the dying process
+        lc.move("committed")
+        lc.restore_error = lc.recovered = lc.autosave_image = None
+        lc.executed = []
+        if lc.stream is not None and not lc.stream.closed():
+            lc.stream.close()
+        lc.stream = None
+        self.events.failures.pop(kernel_id, None)
+        self.rpc.close_clients(kernel_id)
+        await km.stop_process(kernel_id, now=False)
+        release = 0.0
+        if usage.holds_gpu:
+            release = await self.rpc.wait_gpu_released(pid_tree, self.gpu_release_timeout, self.log)
+        self.events.event(
+            "suspend",
+            kernel_id,
+            trigger,
+            started,
+            summary,
+            gpu_release_seconds=release,
+            kernel_name=record["kernel_name"],
+        )
+        self.log.info(
+            "Suspended kernel %s to image %s (%s): %.1f s",
+            kernel_id,
+            image_id,
+            trigger,
+            time.perf_counter() - started,
+        )
+        return {**summary, "kernel_id": kernel_id}
+
+    async def _put_back(self, lc: KernelLifecycle, previous: dict[str, Any] | None) -> None:
+        """Undo an aborted suspend's record: the record it replaced, or none."""
+        try:
+            if previous is None:
+                await asyncio.to_thread(self.records.delete, lc.kernel_id)
+                lc.record = None
+            else:
+                await self._put(lc, previous)
+        except (CkptError, OSError) as exc:
+            self.log.warning("could not put back the record of kernel %s: %s", lc.kernel_id, exc)
+
+    def _unchanged_parent(self, image_id: str) -> dict[str, Any] | None:
+        """The manifest of the image's parent (the image the kernel last wrote or was
+        restored from) when both hold the same state. Manifests are JSON: nothing is
+        unpickled."""
+        manifest = self.store.open(image_id)
+        if not manifest.get("parent"):
+            return None
+        try:
+            parent = self.store.open(manifest["parent"])
+        except CkptError:
+            return None  # gone or unreadable: the new image is needed
+        return parent if _content(parent) == _content(manifest) else None
+
+    # -- restore ------------------------------------------------------------------------------
+
+    async def ensure_compatible(self, image_id: str) -> None:
+        """Refuse, with the reasons, an image this node cannot restore: before any kernel
+        starts for it."""
+        try:
+            manifest = await asyncio.to_thread(self.store.load_manifest, image_id)
+        except CkptError:
+            return  # unreadable or gone: the restore itself reports that
+        problems = (await asyncio.to_thread(compat.assess, manifest, self.node()))[0]
+        if problems:
+            raise IncompatibleImage(
+                f"image '{manifest['name']}' ({image_id[:12]}) cannot be restored on this "
+                f"node: {'; '.join(problems)}"
+            )
+
+    async def restore(self, kernel_id: str, trigger: str = "message") -> dict[str, Any]:
+        """Start the suspended kernel under its id and restore its image into it. Callers
+        that arrive while a restore runs share it: concurrent reconnects restore once."""
+        lc = self.kernels.get(kernel_id)
+        if lc is None:
+            raise SuspendFailed(f"kernel {kernel_id} is not suspended")
+        if lc.restore_task is None:
+            task = lc.restore_task = asyncio.ensure_future(self._restore(lc, trigger))
+            task.add_done_callback(lambda _: setattr(lc, "restore_task", None))
+        return await asyncio.shield(lc.restore_task)
+
+    async def _restore(self, lc: KernelLifecycle, trigger: str) -> dict[str, Any]:
+        async with lc.lock:
+            return await self._restore_locked(lc, trigger)
+
+    async def _restore_locked(self, lc: KernelLifecycle, trigger: str) -> dict[str, Any]:
+        kernel_id, km = lc.kernel_id, self.km
+        started = time.perf_counter()
+        if lc.state is not S.SUSPENDED:
+            if lc.has_process:  # restored already, for another client
+                return {"kernel_id": kernel_id, "image_id": None, "error": None}
+            raise SuspendFailed(f"kernel {kernel_id} is not suspended")
+        record = lc.record
+        assert record is not None
+        try:
+            await self.ensure_compatible(record["image_id"])
+        except IncompatibleImage as exc:  # it stays suspended, its image kept
+            self.events.failure("restore", kernel_id, trigger, exc, started)
+            raise SuspendFailed(str(exc)) from exc
+        lc.abort = None
+        lc.move("restore")
+        token = restoring.set(kernel_id)
+        try:
+            await km.start_kernel(
+                kernel_id=kernel_id,
+                kernel_name=record["kernel_name"],
+                path=record.get("path"),
+                env={**os.environ, **record.get("env", {}), **self._notebook_env(record)},
+            )
+        except Exception as exc:
+            lc.state = S.SUSPENDED
+            self.events.failure("restore", kernel_id, trigger, exc, started)
+            raise SuspendFailed(f"could not start kernel {kernel_id}: {exc}") from exc
+        finally:
+            restoring.reset(token)
+        self.restore_count += 1
+        report: dict[str, Any] = {"kernel_id": kernel_id, "image_id": record["image_id"]}
+        if lc.recovered is not None:
+            report["recovery"] = recovery_message({**record, "recovered": lc.recovered})
+        try:
+            self._check(lc)
+            await self.rpc.ready(kernel_id)
+            await self._step("restore", kernel_id)
+            self._check(lc)
+            async with self.progress.watch(kernel_id, "restore") as progress:
+                call = f"restore({record['image_id']!r}, progress={progress!r})"
+                report.update(await self.rpc.call(kernel_id, call, self.policy.checkpoint_timeout))
+            report["error"] = None
+        except Aborted as exc:
+            # the shutdown or restart that aborted the restore drops the record
+            lc.state = S.RESTORE_FAILED
+            lc.restore_error = str(exc)
+            self.events.failure("restore", kernel_id, trigger, exc, started)
+            return {**report, "error": str(exc), "restored": [], "missing": {}}
+        except (SuspendFailed, CkptError, RuntimeError, TimeoutError) as exc:
+            report.update(error=str(exc), restored=[], missing=self._saved_names(record))
+        finally:
+            lc.abort = None
+        await self.rpc.settled(kernel_id)
+        lc.recovered = None
+        if report["error"]:
+            # The kernel runs without its state; the record stays, and with it the image's
+            # pin, so that retention and DELETE keep the image for a retry or a resume.
+            lc.move("restore-failed")
+            lc.restore_error = report["error"]
+            self.events.failure(
+                "restore", kernel_id, trigger, SuspendFailed(report["error"]), started
+            )
+            return report
+        lc.move("restored")
+        await self._restored(lc, record["image_id"])
+        self.events.event("restore", kernel_id, trigger, started, report)
+        return report
+
+    async def _restored(self, lc: KernelLifecycle, image_id: str) -> None:
+        """The kernel now holds the state of ``image_id``: a running record names it at
+        once (one put replaces the suspended record), so a crash before its first
+        autosave is recoverable from it."""
+        try:
+            manifest = await asyncio.to_thread(self.store.open, image_id)
+            summary = {**summarize_save(manifest, 0.0), "written": 0}
+            record = await self._running_record(lc, summary, "restore", manifest["created"])
+            await self._put(lc, record)
+            lc.refreshed_at = time.monotonic()
+        except (CkptError, OSError) as exc:
+            self.log.warning("Could not write the record of kernel %s: %s", lc.kernel_id, exc)
+        self.saver.restored(lc.kernel_id)
+
+    def _notebook_env(self, record: dict[str, Any]) -> dict[str, str]:
+        """JPY_SESSION_NAME of the kernel's notebook under this server's root: after a
+        respawn on a node that mounts the home elsewhere, the recorded one names a file of
+        the old node (the restored kernel maps its working directory from the two)."""
+        notebooks = [s for s in record.get("sessions", []) if s["type"] == "notebook"]
+        if self.session_manager is None or not notebooks:
+            return {}
+        env = self.session_manager.get_kernel_env(notebooks[0]["path"], notebooks[0]["name"])
+        return {"JPY_SESSION_NAME": env["JPY_SESSION_NAME"]}
+
+    def _saved_names(self, record: dict[str, Any]) -> dict[str, str]:
+        """Every variable of the record's image, for a restore that failed as a whole."""
+        try:
+            manifest = self.store.open(record["image_id"])
+        except CkptError as exc:
+            return {"(all variables)": f"image {record['image_id']} unreadable: {exc}"}
+        return {
+            v["name"]: "image could not be restored"
+            for v in manifest["variables"]
+            if v["status"] in ("saved", "imported")
+        }
+
+    # -- resume -------------------------------------------------------------------------------
+
+    async def resume(
+        self, image_id: str, path: str | None, kernel_name: str | None
+    ) -> dict[str, Any]:
+        """Start a new kernel restored from an image, for a notebook or a console. Two
+        resumes of one notebook at once (a double click) share one restore."""
+        key = f"path:{path}" if path else f"image:{image_id}"
+        running = self._resumes.get(key)
+        if running is not None:
+            if running[0] != image_id:
+                raise SuspendFailed(f"another image is being resumed into {path} right now")
+            return await asyncio.shield(running[1])
+        task = asyncio.ensure_future(self._resume(image_id, path, kernel_name))
+        self._resumes[key] = (image_id, task)
+        task.add_done_callback(lambda _: self._resumes.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _resume(
+        self, image_id: str, path: str | None, kernel_name: str | None
+    ) -> dict[str, Any]:
+        started = time.perf_counter()
+        await self.ensure_compatible(image_id)
+        if path:
+            # as the session manager starts a notebook's kernel: in the notebook's
+            # directory, with JPY_SESSION_NAME, so later images keep naming the notebook
+            kernel_id = await self.session_manager.start_kernel_for_session(
+                session_id="",
+                path=path,
+                name=posixpath.basename(path),
+                type="notebook",
+                kernel_name=kernel_name,
+            )
+        else:
+            kernel_id = await self.km.start_kernel(kernel_name=kernel_name)
+        lc = self.kernels[kernel_id]
+        async with lc.lock:
+            try:
+                async with self.progress.watch(kernel_id, "resume") as progress:
+                    report = await self.rpc.call(
+                        kernel_id,
+                        f"restore({image_id!r}, progress={progress!r})",
+                        self.policy.checkpoint_timeout,
+                    )
+            except SuspendFailed as exc:
+                self.events.failure("resume", kernel_id, "api", exc, started)
+                failed = exc
+            else:
+                failed = None
+                await self._restored(lc, image_id)
+        if failed is not None:
+            await self.km.shutdown_kernel(kernel_id)
+            raise failed
+        session = await self._attach(path, kernel_id) if path else None
+        await self._release(image_id)
+        self.events.event("resume", kernel_id, "api", started, report)
+        return {"kernel_id": kernel_id, "session": session, "restore": report}
+
+    async def _attach(self, path: str, kernel_id: str) -> dict[str, Any]:
+        """Make ``kernel_id`` the one kernel of the notebook at ``path``: its existing
+        session (open or not) moves to the new kernel and the kernel it had is shut down,
+        so the notebook can never attach to the old kernel, nor leave the new one
+        orphaned. A running old kernel is checkpointed first, so its variables stay in the
+        store as an image; a suspended one loses only its record: its image is kept."""
+        sessions = self.session_manager
+        existing = [s for s in await sessions.list_sessions() if s["path"] == path]
+        if not existing:
+            return await sessions.create_session(
+                path=path, name=posixpath.basename(path), type="notebook", kernel_id=kernel_id
+            )
+        old = {s["kernel"]["id"] for s in existing} - {kernel_id}
+        for session in existing:
+            await sessions.update_session(session["id"], kernel_id=kernel_id)
+        for old_id in old:
+            if self.km.has_process(old_id):
+                try:
+                    await self.checkpoint(old_id)
+                except SuspendFailed as exc:
+                    self.log.warning("Kernel %s replaced without a checkpoint: %s", old_id, exc)
+            if old_id in self.km:
+                await self.km.shutdown_kernel(old_id)
+        return await sessions.get_session(session_id=existing[0]["id"])
+
+    async def _release(self, image_id: str) -> None:
+        """The image was resumed: kernels whose restore of it failed no longer pin it."""
+        for lc in self.in_state(S.RESTORE_FAILED):
+            if lc.record is not None and lc.record["image_id"] == image_id:
+                async with lc.lock:
+                    await self._drop(lc)
+                    lc.state = S.RUNNING
+                    lc.restore_error = None
+
+    # -- sessions, records of an earlier server ------------------------------------------------
+
+    async def sessions_of(self, kernel_id: str) -> list[dict[str, Any]]:
+        """The sessions (notebooks, consoles) attached to a kernel, as a record keeps them."""
+        if self.session_manager is None:
+            return []
+        return [
+            {key: session[key] for key in ("id", "path", "name", "type")}
+            for session in await self.session_manager.list_sessions()
+            if (session.get("kernel") or {}).get("id") == kernel_id
+        ]
+
+    async def _reattach_sessions(self, kernel_id: str, sessions: list[dict[str, Any]]) -> None:
+        """Give a recorded kernel its sessions back, under their ids, unless the session
+        database (a persistent one) still has them."""
+        if self.session_manager is None:
+            return
+        known = {session["id"] for session in await self.session_manager.list_sessions()}
+        for session in sessions:
+            if session["id"] not in known:
+                await self.session_manager.save_session(
+                    session["id"],
+                    path=session["path"],
+                    name=session["name"],
+                    type=session["type"],
+                    kernel_id=kernel_id,
+                )
+
+    async def load_records(self) -> None:
+        """List the kernels suspended by an earlier run of the server, with their sessions;
+        a running record whose server is gone is a kernel that crashed."""
+        records, errors = await asyncio.to_thread(self.records.all)
+        for kernel_id, why in errors.items():
+            self.log.warning("Ignoring the record of suspended kernel %s: %s", kernel_id, why)
+        server_name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        adopted = 0
+        for kernel_id, record in records.items():
+            if self.km.has_process(kernel_id) or writer_alive(record):
+                continue
+            if record.get("server_name", "") != server_name:
+                continue  # another named server of the same user: its kernels, not ours
+            lc = self.kernels[kernel_id] = KernelLifecycle(kernel_id, S.SUSPENDED, record=record)
+            lc.recovered = recovered_field(record)
+            if lc.recovered is not None:
+                self.log.warning(
+                    "Kernel %s crashed; recoverable from its autosave of %s",
+                    kernel_id,
+                    lc.recovered["autosave_at"],
+                )
+            await self._reattach_sessions(kernel_id, record.get("sessions", []))
+            adopted += 1
+        if adopted:
+            self.log.info("%d suspended kernel(s) restore when their users return", adopted)
+        _remove_stale_autosave_dirs(self.log)
+
+
+def _remove_stale_autosave_dirs(log: Any) -> None:
+    """Temporary directories of background saves whose kernel died with them."""
+    from jupyter_ckpt.kernel.background import stale_directories
+
+    for directory in stale_directories():
+        log.info("Removing the leftover autosave directory %s", directory)
+        shutil.rmtree(directory, ignore_errors=True)
