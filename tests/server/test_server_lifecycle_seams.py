@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from harness import tmpfs
 from jupyter_ckpt_server.manager import CkptManager
@@ -421,3 +422,82 @@ async def test_a_shut_down_kernel_leaves_no_autosave_directory(tmp_path):
     finally:
         server.terminate()
     assert sorted(p.name for p in kernel_tmp.glob("ckpt-autosave-*")) == []
+
+
+# -- 8. an automatic restart after the kernel's process died ---------------------------------
+
+
+def kernel_process(server: ServerProcess, kernel_id: str) -> psutil.Process | None:
+    """The kernel's process among the server's children, if it runs."""
+    assert server.process is not None
+    for child in psutil.Process(server.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any(f"kernel-{kernel_id}.json" in arg for arg in child.cmdline()):
+                return child
+    return None
+
+
+async def test_an_automatic_restart_keeps_the_autosave_of_the_state_it_lost(tmp_path):
+    """A kernel killed by the OOM killer is restarted empty by the server: the new
+    process's autosaves must not remove the old process's last autosave, the only copy
+    of the state that was lost."""
+    # an interval short enough for the new process's autosave to come within the test
+    server = ServerProcess(tmp_path, {**AUTOSAVE, "autosave_interval": 5})
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        before = await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        dead = kernel_process(server, kernel_id)
+        assert dead is not None
+        dead.kill()  # as the OOM killer does
+        await poll(
+            lambda: (p := kernel_process(server, kernel_id)) and p.pid != dead.pid,
+            what="the automatic restart",
+        )
+        await server.run_cell(kernel_id, "y = 1")
+        await poll(
+            lambda: (read_record(tmp_path, kernel_id) or before)["image_id"] != before["image_id"],
+            what="the new process's autosave",
+        )
+    finally:
+        server.terminate()  # once the autosave in progress, if any, has ended
+    try:
+        names = variables_of(store_at(tmp_path), before["image_id"])
+    except CkptError as exc:
+        pytest.fail(f"the last autosave before the restart was removed: {exc}")
+    assert "x" in names
+
+
+# -- 8. two named servers of one user on one store -------------------------------------------
+
+
+def named_server(tmp: Path, name: str, store: Path) -> ServerProcess:
+    """Named server ``name`` of JupyterHub user ``u``, on the shared ``store``."""
+    (tmp / name).mkdir()
+    hub = {
+        "JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api",
+        "JUPYTERHUB_USER": "u",
+        "JUPYTERHUB_SERVER_NAME": name,
+        "JUPYTER_CKPT_STORE": str(store),
+        "JUPYTER_CKPT_SECRET_FILE": str(tmp / "secret"),
+    }
+    return ServerProcess(tmp / name, env=hub)
+
+
+async def test_named_servers_on_one_store_do_not_take_each_others_kernels(tmp_path):
+    """Two named servers of one JupyterHub user on one store each list their own kernels
+    only: a kernel suspended by one is not listed (nor restorable) by the other."""
+    first, second = (named_server(tmp_path, n, tmp_path / "store") for n in ("a", "b"))
+    await first.start()
+    try:
+        kernel_id = (await first.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await first.run_cell(kernel_id, "x = 41")
+        await first.fetch("POST", f"ckpt/kernels/{kernel_id}/suspend", {})
+        await second.start()
+        try:
+            assert [k["id"] for k in await second.get("kernels")] == []
+        finally:
+            second.terminate()
+    finally:
+        first.terminate()
