@@ -1,0 +1,503 @@
+"""Where two paths of a kernel's lifecycle meet, no state is lost.
+
+Each test drives one seam through the server's public surfaces (the REST routes, the
+kernels and sessions API, kernel websockets, a server process stopped by a signal) and
+reads the outcome as a new server would: through a fresh ``ImageStore`` on the same
+store. Where a window between two steps must be held open, a real mechanism is used (a
+cell that sleeps, a variable whose pickling waits, a full tmpfs); the tests that need
+a suspend or restore held at a precise step use :func:`hold_step` alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import queue
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from harness import tmpfs
+from jupyter_ckpt_server.manager import CkptManager
+from jupyter_client.asynchronous import AsyncKernelClient
+from server_helpers import ServerProcess, get_json, poll, start_session, text_of
+from test_server_crash import AUTOSAVE, NOTEBOOK, read_record
+from test_server_stop_paths import GATE_MODULE, GATED_STATE
+from tornado.httpclient import HTTPClientError
+
+from jupyter_ckpt.errors import CkptError
+from jupyter_ckpt.store import ImageStore
+
+
+def fresh_store(manager: CkptManager) -> ImageStore:
+    """The server's store as a new server (or another process) opens it."""
+    store = manager.store
+    return ImageStore(url=store.root_url, secret_file=store.signer.secret_file, user=store.user)
+
+
+def store_at(tmp: Path) -> ImageStore:
+    """The store of a :class:`ServerProcess` run in ``tmp``, as a new server opens it."""
+    return ImageStore(url=str(tmp / "store"), secret_file=str(tmp / "secret"))
+
+
+def variables_of(store: ImageStore, image_id: str) -> list[str]:
+    return [v["name"] for v in store.open(image_id)["variables"]]
+
+
+def records_without(store: ImageStore, name: str) -> dict[str, str]:
+    """Kernel id -> why its record fails to bring ``name`` back (a missing image, or an
+    image without it), for every record in the store."""
+    records, errors = store.records.all()
+    bad = dict(errors)
+    for kernel_id, record in records.items():
+        try:
+            names = variables_of(store, record["image_id"])
+        except CkptError as exc:
+            bad[kernel_id] = f"its image {record['image_id']} is unreadable: {exc}"
+            continue
+        if name not in names:
+            bad[kernel_id] = f"its image {record['image_id']} holds only {names}"
+    return bad
+
+
+def hold_step(manager: CkptManager, step: str, action: Callable[[], Awaitable[Any]]) -> list[Any]:
+    """Run ``action`` once, when a suspend or restore reaches ``step``; its result:
+    "restore" (the restore started the kernel's new process and is about to load the
+    image into it), "record" (the suspend wrote and verified its image and is about to
+    record it). This is the one use of the manager's ``step_hook`` (a test hook that may
+    be renamed) in this module."""
+    results: list[Any] = []
+
+    async def hook(at: str, kernel_id: str) -> None:
+        if at == step and not results:
+            results.append(await action())
+
+    manager.step_hook = hook
+    return results
+
+
+async def status_of(request: Awaitable[Any]) -> tuple[int, Any]:
+    """(HTTP status, JSON body) of a request that may fail."""
+    try:
+        response = await request
+    except HTTPClientError as exc:
+        assert exc.response is not None, exc
+        response = exc.response
+    return response.code, json.loads(response.body) if response.body else None
+
+
+async def suspended_kernel(jp_fetch: Any, connect: Any) -> tuple[str, str]:
+    """(session id, kernel id) of a notebook whose kernel set ``x = 41`` and was then
+    suspended through the API."""
+    session_id, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    reply, _ = await client.execute("x = 41")
+    assert reply["status"] == "ok", reply
+    client.close()
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    return session_id, kernel_id
+
+
+async def value_in(connect: Any, kernel_id: str, expression: str) -> str:
+    """What ``expression`` shows when run in the kernel (restoring it if suspended)."""
+    client = await connect(kernel_id)
+    _, outputs = await client.execute(expression)
+    client.close()
+    return text_of(outputs)
+
+
+# -- 1. an orderly stop while a kernel is busy ----------------------------------------------
+
+
+async def _busy(server: ServerProcess, kernel_id: str) -> None:
+    """A cell is running in the kernel when the server is stopped."""
+    client = await server.connect(kernel_id)
+    client.send("execute_request", {"code": "import time\ntime.sleep(300)", "silent": False})
+
+    async def busy() -> bool:
+        return (await server.get(f"kernels/{kernel_id}"))["execution_state"] == "busy"
+
+    await poll(busy, what="the server to see the cell running")
+
+
+async def _unsaveable(server: ServerProcess, kernel_id: str) -> None:
+    """The kernel's suspend at stop cannot finish: pickling ``g`` waits past
+    shutdown_timeout (the autosave before it found the gate open)."""
+    (server.tmp / "gate-open").unlink()
+
+
+@pytest.mark.parametrize("stop_while", [_busy, _unsaveable], ids=["busy", "suspend-fails"])
+async def test_an_orderly_stop_keeps_the_last_autosave_recoverable(tmp_path, stop_while):
+    """A server stopped by SIGTERM while it cannot suspend a kernel (a cell runs, or the
+    suspend fails) keeps that kernel's last autosave recorded and its image: a new
+    server on the store lists the kernel as suspended on that image, as after a crash."""
+    (tmp_path / "gate.py").write_text(GATE_MODULE)
+    (tmp_path / "gate-open").touch()
+    server = ServerProcess(tmp_path, {**AUTOSAVE, "shutdown_timeout": 3})
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await server.run_cell(kernel_id, GATED_STATE)
+        autosaved = await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        await stop_while(server, kernel_id)
+        server.terminate()
+    finally:
+        server.kill()
+        (tmp_path / "gate-open").touch()
+
+    record = read_record(tmp_path, kernel_id)
+    assert record is not None, "the stop removed the record of the kernel's last autosave"
+    assert record["image_id"] == autosaved["image_id"], record
+    assert "x" in variables_of(store_at(tmp_path), record["image_id"])
+    await server.start()
+    try:
+        kernels = await poll(lambda: server.get("kernels"), what="the kernel to be listed")
+        assert [(k["id"], k["ckpt"]["state"], k["ckpt"]["image"]) for k in kernels] == [
+            (kernel_id, "suspended", autosaved["image_id"])
+        ]
+    finally:
+        server.terminate()
+
+
+# -- 2. a failed record write during an autosave ---------------------------------------------
+
+
+@contextlib.contextmanager
+def small_disk(directory: Path) -> Iterator[Callable[[bool], None]]:
+    """``directory`` on a 1 MiB tmpfs; the context gives ``fill``: True fills it (every
+    write there fails with ENOSPC), False frees it."""
+    filler = directory / ".filler"
+
+    def fill(full: bool) -> None:
+        if not full:
+            filler.unlink()
+            return
+        with contextlib.suppress(OSError), open(filler, "wb", buffering=0) as out:
+            while True:  # until ENOSPC
+                out.write(b"\0" * 4096)
+
+    directory.mkdir(exist_ok=True)
+    with tmpfs(directory, "1m"):
+        yield fill
+
+
+async def test_a_failed_record_write_keeps_the_previous_autosave(tmp_path):
+    """An autosave whose record cannot be written (the disk is full) leaves the kernel's
+    record naming its previous autosave, whose image is kept: no later rewrite of the
+    record names the image the failed autosave removed."""
+    # the next autosave comes an interval after the first, long after a record refresh
+    server = ServerProcess(tmp_path, {**AUTOSAVE, "autosave_interval": 10})
+    await server.start()
+    store = store_at(tmp_path)
+    try:
+        with small_disk(Path(store.backend.url) / "kernels") as fill:
+            kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+            client = await server.connect(kernel_id)
+            await client.execute("x = 1")
+            first = await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+            fill(True)
+            await client.execute("y = 2")
+
+            async def failed() -> bool:
+                status = await server.get(f"ckpt/status?kernel_id={kernel_id}")
+                return bool(status["kernels"][0]["last_failure"])
+
+            await poll(failed, timeout=60, what="the autosave to fail on the full disk")
+            fill(False)
+            await client.execute("z = 3")  # In[3]: the record is rewritten to list it
+            await poll(
+                lambda: 3 in (read_record(tmp_path, kernel_id) or {}).get("cells_after", []),
+                what="the record to list In[3]",
+            )
+            # the first autosave's record, or a later autosave's that succeeded
+            assert records_without(store, "x") == {}, f"the first autosave: {first['image_id']}"
+            client.close()
+    finally:
+        server.terminate()
+
+
+# -- 3. suspend-all while a suspended kernel is being restored ------------------------------
+
+
+async def test_suspend_all_during_a_restore_does_not_save_an_empty_kernel(
+    jp_fetch, connect, manager
+):
+    """``POST /api/ckpt/suspend-all`` while a kernel is being restored (its new process
+    started, its image not yet loaded) never checkpoints the empty new process: no record
+    names an image without the kernel's variables, and the kernel still has them."""
+    _, kernel_id = await suspended_kernel(jp_fetch, connect)
+
+    async def suspend_all() -> tuple[int, Any]:
+        sent = asyncio.ensure_future(
+            status_of(jp_fetch("api", "ckpt", "suspend-all", method="POST", body=""))
+        )
+        # a suspend-all that waits for the restore is answered once the hold ends
+        await asyncio.wait([sent], timeout=15)
+        return sent
+
+    held = hold_step(manager, "restore", suspend_all)
+    client = await connect(kernel_id)
+    client.send("execute_request", {"code": "x", "silent": False})
+    await poll(lambda: held, timeout=60, what="the restore to reach its image")
+    answer = await held[0]
+
+    async def settled() -> bool:
+        model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+        return model["ckpt"]["state"] in ("running", "suspended", "restore-failed")
+
+    await poll(settled, timeout=60, what="the restore to end")
+    assert records_without(fresh_store(manager), "x") == {}, f"suspend-all answered {answer}"
+    manager.step_hook = None
+    assert await value_in(connect, kernel_id, "x") == "41"
+
+
+# -- 4. a websocket closed while its cell restores the kernel --------------------------------
+
+
+async def test_a_cell_sent_before_the_websocket_dropped_is_answered_on_reconnect(
+    jp_fetch, connect, manager
+):
+    """A cell sent to a suspended kernel whose websocket closes while the restore runs
+    still runs, and its reply reaches the client that reconnects with the same session
+    id, as jupyter_server replays buffered replies for a running kernel."""
+    _, kernel_id = await suspended_kernel(jp_fetch, connect)
+    first = await connect(kernel_id)
+    session_id = first.session.session
+
+    async def drop() -> None:
+        first.close()
+        # the server answered the close (after what it sent before): it saw the socket go
+        while await asyncio.wait_for(first.ws.read_message(), 30) is not None:
+            pass
+
+    dropped = hold_step(manager, "restore", drop)
+    msg_id = first.send("execute_request", {"code": "x + 1", "silent": False})
+    await poll(lambda: dropped, timeout=60, what="the websocket to close during the restore")
+
+    async def restored() -> bool:
+        model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+        return model["ckpt"]["state"] == "running"
+
+    await poll(restored, timeout=60, what="the restore to end")
+    second = await connect(kernel_id, session_id=session_id)
+    try:
+        reply = await second.reply_to(msg_id, timeout=30)
+    except asyncio.TimeoutError:
+        pytest.fail("the cell sent before the websocket closed got no reply on reconnect")
+    assert reply["content"]["status"] == "ok", reply["content"]
+
+
+# -- 5. the old id of a suspended kernel that was shut down ----------------------------------
+
+
+async def test_opening_a_shut_down_suspended_kernel_does_not_start_an_empty_one(jp_fetch, connect):
+    """After ``DELETE /api/kernels/<id>`` of a suspended kernel, a session asked for with
+    that id (the saved sessions panel's Open) does not start an empty kernel under it,
+    and the notebook's newest image still holds its variables."""
+    _, kernel_id = await suspended_kernel(jp_fetch, connect)
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    body = {"path": "work.ipynb", "type": "notebook", "kernel": {"id": kernel_id}}
+    status, session = await status_of(
+        jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    )
+    kernels = [k["id"] for k in await get_json(jp_fetch, "api", "kernels")]
+    if kernel_id in kernels:  # brought back: with its state, never empty
+        shown = await value_in(connect, kernel_id, "x")
+        assert shown == "41", f"POST /api/sessions answered {status} {session}; x: {shown}"
+    images = [
+        i for i in await get_json(jp_fetch, "api", "ckpt", "images")
+        if (i["notebook_path"] or "").endswith("/work.ipynb")
+    ]  # fmt: skip
+    newest = max(images, key=lambda i: i["created"])
+    assert "x" in newest["variable_names"], newest
+
+
+# -- 6. two resumes of one image into one notebook at once -----------------------------------
+
+
+async def test_two_resumes_into_one_notebook_at_once_restore_once(jp_fetch, connect):
+    """Two ``POST /api/ckpt/images/<id>/resume`` for the same notebook at once end with
+    one kernel for the notebook, holding the image's variables: the second request gets
+    a 409 or the first's kernel, and never shuts the first's kernel down."""
+    _, source = await start_session(jp_fetch)
+    client = await connect(source)
+    await client.execute("y = 7")
+    body = json.dumps({"name": "seven"})
+    await jp_fetch("api", "ckpt", "kernels", source, "checkpoint", method="POST", body=body)
+    resume = json.dumps({"path": "twice.ipynb"})
+    request = ("api", "ckpt", "images", "seven", "resume")
+    answers = await asyncio.gather(
+        *(status_of(jp_fetch(*request, method="POST", body=resume)) for _ in range(2))
+    )
+    assert sorted(code for code, _ in answers) in ([201, 201], [201, 409]), answers
+    resumed = {body["kernel"]["id"] for code, body in answers if code == 201}
+    assert len(resumed) == 1, f"two kernels were started for one notebook: {answers}"
+    sessions = [
+        s for s in await get_json(jp_fetch, "api", "sessions") if s["path"] == "twice.ipynb"
+    ]
+    assert [s["kernel"]["id"] for s in sessions] == list(resumed), sessions
+    running = {k["id"] for k in await get_json(jp_fetch, "api", "kernels")}
+    assert running == {source, *resumed}, "a resumed kernel was left running, or shut down"
+    assert await value_in(connect, resumed.pop(), "y") == "7"
+
+
+# -- 7. a session change on a suspended kernel -----------------------------------------------
+
+
+async def test_a_session_change_on_a_suspended_kernel_succeeds(jp_fetch, connect):
+    """``PATCH /api/sessions/<id>`` with a new path (as JupyterLab sends for a renamed
+    notebook, or one whose file is gone) on a session whose kernel is suspended answers
+    200, and the session stays the only one, on the suspended kernel, under its new path."""
+    session_id, kernel_id = await suspended_kernel(jp_fetch, connect)
+    change = json.dumps({"path": "renamed.ipynb", "name": "renamed.ipynb"})
+    status, model = await status_of(
+        jp_fetch("api", "sessions", session_id, method="PATCH", body=change)
+    )
+    assert status == 200, model
+    sessions = await get_json(jp_fetch, "api", "sessions")
+    assert [(s["id"], s["path"], s["kernel"]["id"]) for s in sessions] == [
+        (session_id, "renamed.ipynb", kernel_id)
+    ]
+    assert await value_in(connect, kernel_id, "x") == "41"
+
+
+# -- 8. a cell from a client that does not use the websocket, sent during a suspend ----------
+
+
+async def test_a_cell_sent_over_zmq_during_a_suspend_is_not_killed(
+    jp_fetch, connect, manager, jp_runtime_dir
+):
+    """A cell sent straight to the kernel's ZMQ shell (``jupyter console --existing``)
+    while a suspend is under way runs to its end: the suspend, whose image was written
+    before the cell, must not shut the kernel down under it."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    client.close()
+    console = AsyncKernelClient(connection_file=str(jp_runtime_dir / f"kernel-{kernel_id}.json"))
+    console.load_connection_file()
+    console.start_channels(iopub=False, stdin=False, hb=False, control=False)
+
+    async def run_cell() -> str:
+        msg_id = console.execute("import time\ntime.sleep(1)\ny = 1")
+
+        async def busy() -> bool:
+            model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+            return model["execution_state"] == "busy"
+
+        await poll(busy, what="the server to see the cell running")
+        return msg_id
+
+    sent = hold_step(manager, "record", run_cell)
+    suspend = ("api", "ckpt", "kernels", kernel_id, "suspend")
+    answer = await status_of(jp_fetch(*suspend, method="POST", body=""))
+    try:
+        reply = await console.get_shell_msg(timeout=30)
+    except queue.Empty:
+        pytest.fail(f"the suspend (answered {answer}) killed the cell sent during it")
+    finally:
+        console.stop_channels()
+    assert reply["parent_header"]["msg_id"] == sent[0]
+    assert reply["content"]["status"] == "ok", reply["content"]
+
+
+# -- 8. what an autosave leaves in the kernel's temporary directory ---------------------------
+
+
+async def test_a_shut_down_kernel_leaves_no_autosave_directory(tmp_path):
+    """The temporary directory where an autosave's child writes its result does not
+    outlive the kernel: none is left once the kernel is shut down."""
+    kernel_tmp = tmp_path / "kernel-tmp"
+    kernel_tmp.mkdir()
+    server = ServerProcess(tmp_path, AUTOSAVE, env={"TMPDIR": str(kernel_tmp)})
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        await server.fetch("DELETE", f"kernels/{kernel_id}")
+    finally:
+        server.terminate()
+    assert sorted(p.name for p in kernel_tmp.glob("ckpt-autosave-*")) == []
+
+
+# -- 8. an automatic restart after the kernel's process died ---------------------------------
+
+
+def kernel_process(server: ServerProcess, kernel_id: str) -> psutil.Process | None:
+    """The kernel's process among the server's children, if it runs."""
+    assert server.process is not None
+    for child in psutil.Process(server.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any(f"kernel-{kernel_id}.json" in arg for arg in child.cmdline()):
+                return child
+    return None
+
+
+async def test_an_automatic_restart_keeps_the_autosave_of_the_state_it_lost(tmp_path):
+    """A kernel killed by the OOM killer is restarted empty by the server: the new
+    process's autosaves must not remove the old process's last autosave, the only copy
+    of the state that was lost."""
+    # an interval short enough for the new process's autosave to come within the test
+    server = ServerProcess(tmp_path, {**AUTOSAVE, "autosave_interval": 5})
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        before = await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        dead = kernel_process(server, kernel_id)
+        assert dead is not None
+        dead.kill()  # as the OOM killer does
+        await poll(
+            lambda: (p := kernel_process(server, kernel_id)) and p.pid != dead.pid,
+            what="the automatic restart",
+        )
+        await server.run_cell(kernel_id, "y = 1")
+        await poll(
+            lambda: (read_record(tmp_path, kernel_id) or before)["image_id"] != before["image_id"],
+            what="the new process's autosave",
+        )
+    finally:
+        server.terminate()  # once the autosave in progress, if any, has ended
+    try:
+        names = variables_of(store_at(tmp_path), before["image_id"])
+    except CkptError as exc:
+        pytest.fail(f"the last autosave before the restart was removed: {exc}")
+    assert "x" in names
+
+
+# -- 8. two named servers of one user on one store -------------------------------------------
+
+
+def named_server(tmp: Path, name: str, store: Path) -> ServerProcess:
+    """Named server ``name`` of JupyterHub user ``u``, on the shared ``store``."""
+    (tmp / name).mkdir()
+    hub = {
+        "JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api",
+        "JUPYTERHUB_USER": "u",
+        "JUPYTERHUB_SERVER_NAME": name,
+        "JUPYTER_CKPT_STORE": str(store),
+        "JUPYTER_CKPT_SECRET_FILE": str(tmp / "secret"),
+    }
+    return ServerProcess(tmp / name, env=hub)
+
+
+async def test_named_servers_on_one_store_do_not_take_each_others_kernels(tmp_path):
+    """Two named servers of one JupyterHub user on one store each list their own kernels
+    only: a kernel suspended by one is not listed (nor restorable) by the other."""
+    first, second = (named_server(tmp_path, n, tmp_path / "store") for n in ("a", "b"))
+    await first.start()
+    try:
+        kernel_id = (await first.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await first.run_cell(kernel_id, "x = 41")
+        await first.fetch("POST", f"ckpt/kernels/{kernel_id}/suspend", {})
+        await second.start()
+        try:
+            assert [k["id"] for k in await second.get("kernels")] == []
+        finally:
+            second.terminate()
+    finally:
+        first.terminate()
