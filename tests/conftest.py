@@ -50,6 +50,35 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         )
 
 
+# Under pytest-xdist (``-n``), test files go to the workers whole (their module-scoped
+# kernels and servers are shared), the browser tests as one group, and the longest groups
+# first, so that no worker is left with a long file at the end. Seconds, roughly, on 2 cores.
+_LONG_GROUPS = {
+    "tests/server/test_kernels_api_contract.py": 240,
+    "tests/browser": 200,
+    "tests/server/test_server_lifecycle_stateful.py": 150,
+    "tests/server/test_server_soak.py": 120,
+    "tests/hub": 90,
+}
+
+
+def _group(item: pytest.Item) -> str:
+    path = Path(str(item.fspath)).relative_to(Path(__file__).parent.parent).as_posix()
+    for shared in ("tests/browser", "tests/hub"):  # session-wide servers: one worker
+        if path.startswith(shared + "/"):
+            return shared
+    return path
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the browser tests' own hook puts them last
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda item: -_LONG_GROUPS.get(_group(item), 0))  # stable within groups
+
+
 @pytest.fixture(scope="module")
 def ckpt_paths(tmp_path_factory: pytest.TempPathFactory) -> Paths:
     """One store and secret per test module; the secret is outside the store directory."""

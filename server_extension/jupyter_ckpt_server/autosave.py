@@ -47,7 +47,9 @@ class Job:
     # when the last autosave ended: none yet, so the first comes once a cell ran
     saved_at: float = float("-inf")
     child: int | None = None  # the forked child's pid, while it runs
-    directory: str | None = None  # where the child reports
+    # where the last child reported: the kernel removes it when it collects the result,
+    # at its next autosave; the server, when the kernel goes first
+    directory: str | None = None
 
 
 class BackgroundSaver:
@@ -94,12 +96,12 @@ class BackgroundSaver:
                 summary["kernel_info"] = info
             return summary
         finally:
-            job.child = job.directory = None
+            job.child = None
             job.saved_at = time.monotonic()
 
     def cancel(self, kernel_id: str) -> None:
         """Kill the child of the autosave in progress and remove its directory: the kernel
-        is going away or gives its state up."""
+        is going away (or restarting) and will not collect it."""
         job = self.jobs.get(kernel_id)
         if job is None:
             return
