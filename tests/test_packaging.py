@@ -75,3 +75,15 @@ def test_the_wheel_carries_license_types_and_metadata(wheel: zipfile.ZipFile) ->
     ):
         assert classifier in classifiers
     assert metadata.get_all("Project-URL")
+
+
+def test_labextension_develop_links_the_checkouts_build(tmp_path: Path) -> None:
+    """What `jupyter labextension develop .` does, into a directory of the test's own."""
+    from jupyter_builder.federated_extensions import develop_labextension_py
+
+    build = ROOT / "server_extension" / "jupyter_ckpt_server" / "labextension"
+    if not (build / "package.json").exists():
+        pytest.skip("no built labextension in this checkout (pip install -e . builds it)")
+    (linked,) = develop_labextension_py(str(ROOT), labextensions_dir=str(tmp_path))
+    assert Path(linked) == tmp_path / "jupyter-ckpt"
+    assert Path(linked).resolve() == build.resolve()
