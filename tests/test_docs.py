@@ -92,7 +92,8 @@ def test_the_docs_build_without_warnings(tmp_path: Path) -> None:
         for trait in load_class(name).class_traits(config=True):
             assert f'<span class="pre">{name}.{trait}</span>' in reference, f"{name}.{trait}"
     rest = (tmp_path / "html" / "rest-api.html").read_text()
-    assert "POST /api/ckpt/suspend-all" in rest
+    for path in API:
+        assert f'<span class="pre">{path}</span>' in rest, path
 
 
 def test_every_computed_default_is_described() -> None:
