@@ -5,7 +5,19 @@ in another environment than the server, so nothing heavy (jupyter_server, tornad
 pandas) is imported here.
 """
 
-__version__ = "0.1.0"
+from pathlib import Path
+
+from ._version import __version__
+
+__all__ = ["__version__"]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where a checkout builds the JupyterLab extension, for `jupyter labextension develop .`
+    (which looks in the package named after the project). A wheel ships the built extension
+    in share/jupyter/labextensions/ instead."""
+    build = Path(__file__).parent.parent / "server_extension" / "jupyter_ckpt_server"
+    return [{"src": str(build / "labextension"), "dest": "jupyter-ckpt"}]
 
 
 def load_ipython_extension(ipython) -> None:

@@ -314,7 +314,7 @@ async def test_the_spawn_form_lists_images_per_profile_and_places_the_chosen_one
 
 
 async def test_a_spawn_link_and_a_submitted_form_give_the_same_options(hub):
-    """As README sets it: JupyterHub parses a submitted form with
+    """As the JupyterHub guide sets it: JupyterHub parses a submitted form with
     ``run_options_from_form`` (which passes the spawner) and a spawn link
     (/hub/spawn?profile=...) with ``options_from_query`` (which does not)."""
     manifest = save_on_node(user_store(hub, "gus"), hub["nodes"]["h100"], MIB, name="big")

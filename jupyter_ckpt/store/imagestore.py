@@ -59,9 +59,10 @@ class ImageStore(LoggingConfigurable):
     """Where images live: ``ImageStore.url`` (or ``JUPYTER_CKPT_STORE``) is the root, and
     this store reads and writes only ``<root>/users/<ImageStore.user>/`` (:mod:`.users`)."""
 
-    url = Unicode(help="Store location: a local path or an fsspec URL (s3://bucket/prefix).").tag(
-        config=True
-    )
+    url = Unicode(
+        help="Store location: a local path or an fsspec URL (s3://bucket/prefix). "
+        "Default: $JUPYTER_CKPT_STORE, else <jupyter data dir>/ckpt."
+    ).tag(config=True)
 
     @default("url")
     def _default_url(self) -> str:
@@ -88,7 +89,9 @@ class ImageStore(LoggingConfigurable):
         return check_user(proposal["value"])
 
     secret_file = Unicode(
-        help="Per-user signing secret, kept outside the store (created 0600 on first use)."
+        help="Per-user signing secret, kept outside the store (created 0600 on first use); "
+        "$JUPYTER_CKPT_SECRET, the secret itself, is used before any file. "
+        "Default: $JUPYTER_CKPT_SECRET_FILE, else <jupyter data dir>/ckpt-secret."
     ).tag(config=True)
 
     @default("secret_file")
@@ -113,7 +116,7 @@ class ImageStore(LoggingConfigurable):
         "image index) with AES-256-GCM under a key derived from the user's secret: "
         "recommended on shared and object stores. Images of either kind stay readable "
         "with the secret; `jupyter ckpt rekey` encrypts older ones. Kernels read "
-        "$JUPYTER_CKPT_ENCRYPTION.",
+        "$JUPYTER_CKPT_ENCRYPTION. Default: $JUPYTER_CKPT_ENCRYPTION, else 'none'.",
     ).tag(config=True)
 
     @default("encryption")
@@ -140,7 +143,7 @@ class ImageStore(LoggingConfigurable):
         BUFFER_BYTES,
         help="Host memory a save may use for the copies it writes (GPU data on its way to "
         "the store, packed small buffers), whatever the size of the state. Kernels read "
-        "JUPYTER_CKPT_BUFFER_BYTES.",
+        "JUPYTER_CKPT_BUFFER_BYTES. Default: $JUPYTER_CKPT_BUFFER_BYTES, else 256 MiB.",
     ).tag(config=True)
 
     @default("buffer_bytes")
