@@ -25,6 +25,7 @@ from jupyter_client.manager import KernelManager, start_new_kernel
 from jupyter_ckpt import image
 from jupyter_ckpt.compat import NODE_FACTS_ENV
 from jupyter_ckpt.store import ImageStore, chunk_path
+from jupyter_ckpt.store.writer import ImageWriter
 
 TESTS_DIR = Path(__file__).resolve().parent
 # The S3 server of the tests (moto, on loopback: see the `endpoint` fixture)
@@ -443,16 +444,41 @@ def write_foreign_image(
     writer = other.writer()
     evil = payload(marker)
     segment = writer.add_segment(evil.ljust(pad_to or len(evil), b"\0"))
-    manifest = writer.commit(
+    manifest = commit_groups(writer, "foreign", [(["value"], segment, len(evil))])
+    return other, manifest["id"]
+
+
+def commit_groups(
+    writer: ImageWriter, name: str, groups: list[tuple[list[str], int, int]]
+) -> dict[str, Any]:
+    """Commit an image of the earlier format, one pickle of its variables per group:
+    ``(names, segment, length)`` each, the pickle at the start of its segment. Its manifest."""
+    return writer.commit(
         {
-            "name": "foreign",
+            "name": name,
             "created": "2026-01-01T00:00:00.000+00:00",
-            "variables": [{"name": "value", "type": "str", "status": "saved"}],
+            "variables": [
+                {"name": n, "type": "object", "status": "saved"} for g in groups for n in g[0]
+            ],
             "imports": [],
-            "groups": [{"names": ["value"], "pickle": [segment, 0, len(evil)], "buffers": []}],
+            "groups": [
+                {"names": names, "pickle": [segment, 0, length], "buffers": []}
+                for names, segment, length in groups
+            ],
         }
     )
-    return other, manifest["id"]
+
+
+def write_groups(store: ImageStore, groups: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """An image of the earlier format holding ``groups`` of variables, each group pickled
+    whole into a segment of its own (a restore reads them one after the other)."""
+    writer = store.writer()
+    layout = []
+    for group in groups:
+        values = tuple(group.values())
+        data = pickle.dumps(values if len(values) > 1 else values[0])
+        layout.append((list(group), writer.add_segment(data), len(data)))
+    return commit_groups(writer, name, layout)
 
 
 def group_of(manifest: dict[str, Any], name: str) -> dict[str, Any]:

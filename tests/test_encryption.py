@@ -40,6 +40,7 @@ from traitlets import TraitError
 from jupyter_ckpt import image
 from jupyter_ckpt.errors import IntegrityError
 from jupyter_ckpt.store import CHUNK_SIZE, ImageStore, chunk_hash, chunk_path, manifest_path
+from jupyter_ckpt.store.encryption import HEADER, KEY_ID, MAGIC, is_encrypted
 from jupyter_ckpt.store.index import INDEX
 
 AES = "aes-256-gcm"
@@ -398,6 +399,35 @@ def test_dedupe_within_a_user_and_lazy_reads(tmp_path: Path) -> None:
     largest = max(range(len(segments)), key=lambda i: second["segments"][i]["size"])
     assert len(segments[largest]) == 3 << 22
     assert backend.count("read_into") == len(second["segments"][largest]["chunks"]) == 3
+
+
+def nonces(root: Path) -> dict[str, bytes]:
+    """The nonce of every encrypted file under ``root``, by its path."""
+    start = len(MAGIC) + KEY_ID
+    return {
+        name: data[start:HEADER] for name, data in raw_files(root).items() if is_encrypted(data)
+    }
+
+
+def test_every_stored_object_has_a_nonce_of_its_own(tmp_path: Path) -> None:
+    """Under AES-GCM one nonce used twice with one key gives away the XOR of the two
+    plaintexts and lets anyone forge tags: each chunk, manifest and record gets a fresh
+    nonce, and saving the very same bytes again draws new ones."""
+    store = encrypted_store(tmp_path)
+    data = {"x": np.random.default_rng(3).random(3 << 19)}  # three distinct full chunks
+    first = save_namespace(store, data, name="one")
+    store.records.put({"kernel_id": "k-1", "image_id": first["id"], "path": NOTEBOOK})
+    save_namespace(store, data, name="two")  # dedupes: a new manifest, no new chunk
+    elsewhere = ImageStore(
+        url=str(tmp_path / "elsewhere"), secret_file=str(tmp_path / "secret"), encryption=AES
+    )
+    save_namespace(elsewhere, data, name="one")  # the same chunks, written again
+    ours, theirs = nonces(Path(store.backend.root)), nonces(Path(elsewhere.backend.root))
+    chunks = {p for p in ours.keys() & theirs.keys() if p.startswith("chunks/")}
+    assert len(chunks) >= 4 and sum(p.startswith("kernels/") for p in ours) == 1
+    assert sum(p.startswith("images/") for p in ours) >= 2
+    every = list(ours.values()) + list(theirs.values())
+    assert len(set(every)) == len(every), "a nonce was used for more than one object"
 
 
 def test_export_and_import_stay_encrypted(tmp_path: Path) -> None:

@@ -8,13 +8,15 @@ leave B's namespace exactly as it was.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from harness import Kernel, Paths, chunk_files
+from harness import Kernel, Paths, chunk_files, write_groups
 
-from jupyter_ckpt.store import ImageStore
+from jupyter_ckpt.store import ImageStore, chunk_path
 
 GHOST_MODULE = """
 class Ghost:
@@ -120,33 +122,67 @@ def test_other_variables_restore(partial: Partial) -> None:
     ]
 
 
-@pytest.mark.parametrize(
+DAMAGES = pytest.mark.parametrize(
     ("damage", "error"),
     [("flip", "was altered (content does not match its hash)"), ("delete", "is missing")],
 )
+
+
+@contextmanager
+def damaged(store: ImageStore, chunk: str, damage: str) -> Iterator[None]:
+    """One chunk of the store flipped or deleted, and put back afterwards."""
+    path = Path(store.backend.root, chunk)
+    original = path.read_bytes()
+    try:
+        if damage == "flip":
+            path.write_bytes(bytes([original[0] ^ 1]) + original[1:])
+        else:
+            path.unlink()
+        yield
+    finally:
+        path.write_bytes(original)
+
+
+def refused_unchanged(kernel: Kernel, ref: str, error: str) -> None:
+    """`%ckpt restore ref` fails with ``error`` and leaves every global as it was."""
+    before = dict(kernel.eval(SNAPSHOT))
+    out = kernel.ckpt(f"restore {ref}")
+    assert out.startswith("%ckpt restore: ") and error in out, out
+    assert "Restored" not in out
+    after = dict(kernel.eval(SNAPSHOT))
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"the refused restore bound or rebound {changed}"
+
+
+@DAMAGES
 def test_corrupt_image_leaves_namespace_untouched(
     partial: Partial, kernel_store: ImageStore, damage: str, error: str
 ) -> None:
     """The victim image's own chunk is damaged; the restore is refused and changes nothing."""
     k = partial.kernel
     k.run(f"fine['ok'].append({damage!r})")  # a change the refused restore must not undo
-    before = k.eval(SNAPSHOT)
     own = chunk_files(kernel_store.open("victim")) - chunk_files(kernel_store.open("partial"))
     assert len(own) == 1, "the packed segment of 'victim' should be its only new chunk"
-    chunk = Path(kernel_store.backend.root, own.pop())
-    original = chunk.read_bytes()
-    try:
-        if damage == "flip":
-            chunk.write_bytes(bytes([original[0] ^ 1]) + original[1:])
-        else:
-            chunk.unlink()
-        out = k.ckpt("restore victim")
-    finally:
-        chunk.write_bytes(original)
-    assert out.startswith("%ckpt restore: ") and error in out
-    assert "Restored" not in out
-    assert k.eval(SNAPSHOT) == before
+    with damaged(kernel_store, own.pop(), damage):
+        refused_unchanged(k, "victim", error)
     assert k.eval("fine['ok'][-1]") == damage
+
+
+@DAMAGES
+def test_a_bad_chunk_in_a_later_group_leaves_namespace_untouched(
+    partial: Partial, kernel_store: ImageStore, damage: str, error: str
+) -> None:
+    """Images of the earlier format hold one pickle per group and are read group by group:
+    when a later group's chunk fails, the groups read before it must not be applied."""
+    manifest = write_groups(
+        kernel_store,
+        [{"fine": f"from the image ({damage})", "first_only": 1}, {"later_only": [2]}],
+        name=f"groups-{damage}",
+    )
+    first, [(later, _)] = (s["chunks"] for s in manifest["segments"])
+    assert later not in {digest for digest, _ in first}
+    with damaged(kernel_store, chunk_path(later), damage):
+        refused_unchanged(partial.kernel, manifest["id"], error)
 
 
 def test_restore_into_a_busier_kernel_keeps_history_clean(partial: Partial) -> None:

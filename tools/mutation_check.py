@@ -36,6 +36,9 @@ SUSPEND = "tests/server/test_server_suspend_restore.py"
 RACES = "tests/server/test_server_races.py"
 MONITOR = "tests/server/test_server_monitor.py"
 IDLE_WORK = "tests/server/test_server_idle_work.py"
+ENCRYPTION = "tests/test_encryption.py"
+AUTOSAVE = "tests/server/test_server_autosave.py"
+CRASH = "tests/server/test_server_crash.py"
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,16 @@ MUTANTS = [
         "    report.restored = [n for n in order if n in staged]\n",
         "    report.restored = order\n",
         (ROUNDTRIP, FAILURES),
+    ),
+    Mutant(
+        "groups-applied-one-by-one",
+        "jupyter_ckpt/image/restore.py",
+        "            staged.update(zip(names, value, strict=True) if len(names) > 1 "
+        "else [(names[0], value)])\n",
+        "            staged.update(zip(names, value, strict=True) if len(names) > 1 "
+        "else [(names[0], value)])\n"
+        "            namespace.update(staged)\n",
+        (FAILURES,),
     ),
     Mutant(
         "submodules-not-imported",
@@ -172,6 +185,13 @@ MUTANTS = [
         "        if len(stored) != size or chunk_hash(stored) != digest:\n",
         "        if len(stored) != size:\n",
         (STORE, SECURITY),
+    ),
+    Mutant(
+        "nonce-reused",
+        "jupyter_ckpt/store/encryption.py",
+        "        nonce = os.urandom(NONCE)\n",
+        '        nonce = self.__dict__.setdefault("_nonce", os.urandom(NONCE))\n',
+        (ENCRYPTION,),
     ),
     Mutant(
         "signature-unchecked",
@@ -365,6 +385,27 @@ MUTANTS = [
         '        if "children" in kinds and pid:\n',
         "        if False:\n",
         (IDLE_WORK,),
+    ),
+    # -- autosave and stopping --------------------------------------------------------------
+    Mutant(
+        "autosave-recorded-before-verify",
+        f"{SERVER}/lifecycle.py",
+        '                written = summary["id"]\n                try:\n',
+        '                written = summary["id"]\n'
+        "                await self._put(\n"
+        '                    lc, await self._running_record(lc, summary, "autosave", now_iso())\n'
+        "                )\n"
+        "                try:\n",
+        (AUTOSAVE,),
+    ),
+    Mutant(
+        "stop-drops-running-records",
+        f"{SERVER}/app.py",
+        "                await self.autosaver.stop()\n",
+        "                await self.autosaver.stop()\n"
+        "                for kernel_id in self.manager.kernel_manager.running_ids():\n"
+        "                    self.manager.records.delete(kernel_id)\n",
+        (CRASH,),
     ),
 ]
 

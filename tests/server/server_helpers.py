@@ -27,6 +27,9 @@ from jupyter_server.services.kernels.connection.base import (
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
+from jupyter_ckpt.errors import ImageNotFound
+from jupyter_ckpt.store import ImageStore
+
 
 async def poll(condition: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
     """Wait for ``condition()`` to be truthy (awaiting it if it returns an awaitable)."""
@@ -163,6 +166,19 @@ async def connect_kernel(
     return Client(ws, session, None, lambda: None)
 
 
+def open_store(tmp: Path) -> ImageStore:
+    """The store of a ServerProcess in ``tmp``, opened afresh, as another server would."""
+    return ImageStore(url=str(tmp / "store"), secret_file=str(tmp / "secret"))
+
+
+def stored_record(tmp: Path, kernel_id: str) -> dict[str, Any] | None:
+    """A kernel's record in that store, or None if it has none."""
+    try:
+        return open_store(tmp).records.get(kernel_id)
+    except ImageNotFound:
+        return None
+
+
 class ServerProcess:
     """`jupyter server` with the extension on a private store and sessions database.
 
@@ -273,6 +289,14 @@ class ServerProcess:
         await poll(lambda: process.poll() is not None, timeout=timeout, what="the server to exit")
         return process.returncode
 
+    def open_store(self) -> ImageStore:
+        """The server's store, opened afresh in the test process, as another server would."""
+        return open_store(self.tmp)
+
+    def record(self, kernel_id: str) -> dict[str, Any] | None:
+        """The kernel's record in the server's store, or None if it has none."""
+        return stored_record(self.tmp, kernel_id)
+
     def kill(self) -> None:
         """SIGKILL the server if it still runs (a test that failed midway)."""
         if self.process is not None and self.process.poll() is None:
@@ -286,6 +310,27 @@ class ServerProcess:
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(120)
         return time.monotonic() - started
+
+
+# A notebook session as a frontend creates it, for POST /api/sessions.
+NOTEBOOK = {"path": "nb.ipynb", "name": "nb.ipynb", "type": "notebook", "kernel": {}}
+
+# A module (gate.py in the server's root, the kernel's working directory) whose object's
+# pickling says so (the file gate-waiting) and then waits until the test opens the gate
+# (the file gate-open): it holds a save in progress for as long as the test needs, without
+# timing assumptions.
+GATE_MODULE = """
+import os, time
+
+class Gate:
+    def __getstate__(self):
+        open("gate-waiting", "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists("gate-open") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return {}
+"""
+GATED_STATE = "x = 41\nimport gate\ng = gate.Gate()"
 
 
 def python_kernelspec(data_dir: Path, name: str, display_name: str, argv: list[str]) -> str:

@@ -1,7 +1,9 @@
 """Background checkpoints (autosave) in a real server with real kernels.
 
 The autosave loop is driven directly (``autosaver.start``) so that what is asserted does
-not depend on timing; the crash test (test_server_crash.py) runs the real loop.
+not depend on timing; the test of an autosave that fails verification runs the real loop
+in a server process and checks it through the API and the store only, as do the crash
+tests (test_server_crash.py).
 """
 
 from __future__ import annotations
@@ -15,10 +17,18 @@ from typing import Any
 
 import pytest
 from jupyter_ckpt_server.autosave import Autosaver
-from server_helpers import get_json, next_event, poll, start_session, text_of
+from server_helpers import (
+    NOTEBOOK,
+    ServerProcess,
+    get_json,
+    next_event,
+    poll,
+    start_session,
+    text_of,
+)
 
 from jupyter_ckpt.errors import ImageNotFound
-from jupyter_ckpt.store import CHUNK_SIZE
+from jupyter_ckpt.store import CHUNK_SIZE, chunk_hash, chunk_path
 
 TESTS_DIR = Path(__file__).parent.parent
 
@@ -153,6 +163,40 @@ async def test_a_thread_holding_a_lock_does_not_stop_the_autosave(
     _, outputs = await client.execute("x + 1")
     assert text_of(outputs) == "42"
     await client.execute("release.set()")
+
+
+async def test_an_autosave_that_fails_verification_keeps_the_one_before(tmp_path):
+    """A chunk in the store was altered (a failing disk) and the next autosave reuses it,
+    so its image fails verification: no record may name that image, and the kernel stays
+    recoverable from the autosave before, whose record and image are kept. A server
+    process with its own autosave loop, checked through its API and its store."""
+    policy = {"autosave_interval": 2, "autosave_idle": 0.2, "check_interval": 0.5}
+    server = ServerProcess(tmp_path, {**policy, "suspend_on_shutdown": False})
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        kept = await poll(lambda: server.record(kernel_id), what="the first autosave")
+        store = server.open_store()
+        sevens = b"\x07" * CHUNK_SIZE  # the one chunk of the array the next cell makes
+        store.backend.write_atomic(chunk_path(chunk_hash(sevens)), b"altered" + sevens[7:])
+        await server.run_cell(
+            kernel_id, f"import numpy\nsevens = numpy.full({CHUNK_SIZE}, 7, 'u1')"
+        )
+
+        async def failure() -> dict[str, Any] | None:
+            [kernel] = (await server.get("ckpt/status"))["kernels"]
+            return kernel["last_failure"]
+
+        failed = await poll(failure, what="the second autosave to fail")
+        assert "failed verification" in failed["reason"] and "altered" in failed["reason"]
+        records, errors = store.records.all()
+        assert errors == {} and list(records) == [kernel_id]
+        assert records[kernel_id]["image_id"] == kept["image_id"], "a record names the bad image"
+        assert records[kernel_id]["autosave_at"] == kept["autosave_at"]
+        store.verify(kept["image_id"])
+    finally:
+        server.terminate()
 
 
 async def test_a_suspend_waits_for_the_autosave_in_progress(

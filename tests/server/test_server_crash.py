@@ -5,26 +5,12 @@ names the cells that ran after it. A clean stop leaves no such kernel behind."""
 from __future__ import annotations
 
 import signal
-from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
-from server_helpers import ServerProcess, poll, text_of
-
-from jupyter_ckpt.errors import ImageNotFound
-from jupyter_ckpt.store import ImageStore
+from server_helpers import GATE_MODULE, NOTEBOOK, ServerProcess, poll, text_of
 
 AUTOSAVE = {"autosave_interval": 3600, "autosave_idle": 0.2, "check_interval": 0.5}
-NOTEBOOK = {"path": "nb.ipynb", "name": "nb.ipynb", "type": "notebook", "kernel": {}}
-
-
-def read_record(tmp_path: Path, kernel_id: str) -> dict[str, Any] | None:
-    store = ImageStore(url=str(tmp_path / "store"), secret_file=str(tmp_path / "secret"))
-    try:
-        return store.records.get(kernel_id)
-    except ImageNotFound:
-        return None
 
 
 def crash(server: ServerProcess) -> None:
@@ -46,13 +32,13 @@ async def test_a_crashed_kernel_is_recovered_from_its_autosave(tmp_path):
         kernel_id = session["kernel"]["id"]
         client = await server.connect(kernel_id)
         await client.execute("x = 41")
-        record = await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        record = await poll(lambda: server.record(kernel_id), what="an autosave")
         assert (record["state"], record["execution_count"]) == ("running", 2)
         await client.execute("y = x + 1")
         await client.execute("z = 0")
 
         def cells_after() -> list[int]:
-            return (read_record(tmp_path, kernel_id) or {}).get("cells_after")
+            return (server.record(kernel_id) or {}).get("cells_after")
 
         await poll(lambda: cells_after() == [2, 3], what="the record to list In[2], In[3]")
         client.close()
@@ -83,6 +69,37 @@ async def test_a_crashed_kernel_is_recovered_from_its_autosave(tmp_path):
         server.terminate()
 
 
+async def test_a_server_killed_while_it_suspends_at_stop_keeps_the_autosave(tmp_path):
+    """An orderly stop begins (SIGTERM) and its suspend is under way when SIGKILL comes, as
+    when a grace period is too short: until the suspend's record replaces it, the running
+    record of the last autosave must stay, so the next server recovers the kernel from it."""
+    (tmp_path / "gate.py").write_text(GATE_MODULE)
+    server = ServerProcess(tmp_path, {**AUTOSAVE, "shutdown_timeout": 60})
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        record = await poll(lambda: server.record(kernel_id), what="an autosave")
+        # after the autosave (the next comes an hour later): only the suspend pickles it
+        await server.run_cell(kernel_id, "import gate\ng = gate.Gate()")
+        server.send_signal(signal.SIGTERM)
+        await poll((tmp_path / "gate-waiting").exists, what="the suspend at stop to begin")
+    finally:
+        crash(server)
+    kept = server.record(kernel_id)
+    assert kept is not None, "the running record was dropped before the suspend replaced it"
+    assert (kept["state"], kept["image_id"]) == ("running", record["image_id"])
+
+    await server.start()
+    try:
+        kernels = await poll(lambda: server.get("kernels"), what="the kernel to be listed")
+        assert [(k["id"], k["ckpt"]["state"]) for k in kernels] == [(kernel_id, "suspended")]
+        assert kernels[0]["ckpt"]["recovered"]["autosave_at"] == record["autosave_at"]
+        assert kernels[0]["ckpt"]["image"] == record["image_id"]
+    finally:
+        server.terminate()
+
+
 @pytest.mark.parametrize("suspend_on_shutdown", [False, True])
 async def test_an_orderly_stop_keeps_every_kernel_recoverable(tmp_path, suspend_on_shutdown):
     """Suspended at the stop, or, where the stop does not suspend, recoverable from its
@@ -92,7 +109,7 @@ async def test_an_orderly_stop_keeps_every_kernel_recoverable(tmp_path, suspend_
     try:
         kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
         await server.run_cell(kernel_id, "x = 41")
-        await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        await poll(lambda: server.record(kernel_id), what="an autosave")
     finally:
         server.terminate()
 
@@ -121,7 +138,7 @@ async def test_a_kernel_that_crashes_after_a_restore_is_recovered_from_that_imag
         await server.run_cell(kernel_id, "x = 41")
         image_id = (await server.fetch("POST", f"ckpt/kernels/{kernel_id}/suspend", {}))["id"]
         assert await server.run_cell(kernel_id, "y = x + 1\ny") == "42"  # restores
-        record = read_record(tmp_path, kernel_id)
+        record = server.record(kernel_id)
         assert (record["state"], record["image_id"], record["execution_count"]) == (
             "running",
             image_id,
@@ -129,7 +146,7 @@ async def test_a_kernel_that_crashes_after_a_restore_is_recovered_from_that_imag
         )
 
         def cells_after() -> list[int]:
-            return (read_record(tmp_path, kernel_id) or {}).get("cells_after")
+            return (server.record(kernel_id) or {}).get("cells_after")
 
         await poll(lambda: cells_after() == [2], what="the record to list In[2]")
     finally:

@@ -110,7 +110,9 @@ async def kept_running_until_done(
     assert max(idle_while_working) < STEPS * 0.1 / 2, idle_while_working
     await poll(lambda: km.is_suspended(kernel_id), timeout=30, what="the suspension")
     # and let the suspend finish (shutdown, retention) before the server stops
-    await poll(lambda: manager.lifecycles[kernel_id].suspend_task is None, what="the suspend to finish")
+    await poll(
+        lambda: manager.lifecycles[kernel_id].suspend_task is None, what="the suspend to finish"
+    )
 
 
 @pytest.mark.parametrize("kind", list(WORK))

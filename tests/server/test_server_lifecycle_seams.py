@@ -23,9 +23,18 @@ import pytest
 from harness import tmpfs
 from jupyter_ckpt_server.manager import CkptManager
 from jupyter_client.asynchronous import AsyncKernelClient
-from server_helpers import ServerProcess, get_json, poll, start_session, text_of
-from test_server_crash import AUTOSAVE, NOTEBOOK, read_record
-from test_server_stop_paths import GATE_MODULE, GATED_STATE
+from server_helpers import (
+    GATE_MODULE,
+    GATED_STATE,
+    NOTEBOOK,
+    ServerProcess,
+    get_json,
+    poll,
+    start_session,
+    stored_record,
+    text_of,
+)
+from test_server_crash import AUTOSAVE
 from tornado.httpclient import HTTPClientError
 
 from jupyter_ckpt.errors import CkptError
@@ -141,14 +150,14 @@ async def test_an_orderly_stop_keeps_the_last_autosave_recoverable(tmp_path, sto
     try:
         kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
         await server.run_cell(kernel_id, GATED_STATE)
-        autosaved = await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        autosaved = await poll(lambda: stored_record(tmp_path, kernel_id), what="an autosave")
         await stop_while(server, kernel_id)
         server.terminate()
     finally:
         server.kill()
         (tmp_path / "gate-open").touch()
 
-    record = read_record(tmp_path, kernel_id)
+    record = stored_record(tmp_path, kernel_id)
     assert record is not None, "the stop removed the record of the kernel's last autosave"
     assert record["image_id"] == autosaved["image_id"], record
     assert "x" in variables_of(store_at(tmp_path), record["image_id"])
@@ -197,7 +206,7 @@ async def test_a_failed_record_write_keeps_the_previous_autosave(tmp_path):
             kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
             client = await server.connect(kernel_id)
             await client.execute("x = 1")
-            first = await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+            first = await poll(lambda: stored_record(tmp_path, kernel_id), what="an autosave")
             fill(True)
             await client.execute("y = 2")
 
@@ -209,7 +218,7 @@ async def test_a_failed_record_write_keeps_the_previous_autosave(tmp_path):
             fill(False)
             await client.execute("z = 3")  # In[3]: the record is rewritten to list it
             await poll(
-                lambda: 3 in (read_record(tmp_path, kernel_id) or {}).get("cells_after", []),
+                lambda: 3 in (stored_record(tmp_path, kernel_id) or {}).get("cells_after", []),
                 what="the record to list In[3]",
             )
             # the first autosave's record, or a later autosave's that succeeded
@@ -417,7 +426,7 @@ async def test_a_shut_down_kernel_leaves_no_autosave_directory(tmp_path):
     try:
         kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
         await server.run_cell(kernel_id, "x = 41")
-        await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        await poll(lambda: stored_record(tmp_path, kernel_id), what="an autosave")
         await server.fetch("DELETE", f"kernels/{kernel_id}")
     finally:
         server.terminate()
@@ -447,7 +456,7 @@ async def test_an_automatic_restart_keeps_the_autosave_of_the_state_it_lost(tmp_
     try:
         kernel_id = (await server.fetch("POST", "sessions", NOTEBOOK))["kernel"]["id"]
         await server.run_cell(kernel_id, "x = 41")
-        before = await poll(lambda: read_record(tmp_path, kernel_id), what="an autosave")
+        before = await poll(lambda: stored_record(tmp_path, kernel_id), what="an autosave")
         dead = kernel_process(server, kernel_id)
         assert dead is not None
         dead.kill()  # as the OOM killer does
@@ -457,7 +466,9 @@ async def test_an_automatic_restart_keeps_the_autosave_of_the_state_it_lost(tmp_
         )
         await server.run_cell(kernel_id, "y = 1")
         await poll(
-            lambda: (read_record(tmp_path, kernel_id) or before)["image_id"] != before["image_id"],
+            lambda: (
+                (stored_record(tmp_path, kernel_id) or before)["image_id"] != before["image_id"]
+            ),
             what="the new process's autosave",
         )
     finally:

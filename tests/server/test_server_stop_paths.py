@@ -22,22 +22,8 @@ import pytest
 from jupyter_ckpt_server.policy import STOP_GRACE_ENV, SuspendPolicy
 from jupyter_ckpt_server.shutdown import grace_period_warning
 from jupyterhub.spawner import LocalProcessSpawner
-from server_helpers import ServerProcess, poll
+from server_helpers import GATE_MODULE, GATED_STATE, ServerProcess, poll
 from traitlets import TraitError
-
-# A variable whose pickling waits until the test opens the gate: it holds the suspend in
-# progress for as long as the test needs, without timing assumptions.
-GATE_MODULE = """
-import os, time
-
-class Gate:
-    def __getstate__(self):
-        deadline = time.monotonic() + 60
-        while not os.path.exists("gate-open") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return {}
-"""
-GATED_STATE = "x = 41\nimport gate\ng = gate.Gate()"
 
 
 async def kernel_with_state(
