@@ -272,30 +272,40 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         """The socket closed during the restore, with the user's messages queued (a
         network blip while the kernel came back): send them to the kernel anyway, on the
         same session, and buffer the replies for the client's reconnect, as the server
-        does for a running kernel's socket that drops. A reconnect that already arrived
+        does for a running kernel's socket that drops. A reconnect that arrives first
         gets them on its live connection."""
         from jupyter_server.services.kernels.connection.channels import (
             ZMQChannelsWebsocketConnection,
         )
 
         session_key = f"{self.kernel_id}:{self.session.session}"
-        live = ZMQChannelsWebsocketConnection._open_sessions.get(session_key)
-        if live is not None and getattr(live, "connection", None) is not None:
-            connection = live.connection
-        else:
+        open_sessions = ZMQChannelsWebsocketConnection._open_sessions
+        live = open_sessions.get(session_key)
+        if live is None:
             handler = self.websocket_handler
             kernel = self.manager.kernel_manager.get_kernel(self.kernel_id)
-            connection = handler.kernel_websocket_connection_class(
+            own = handler.kernel_websocket_connection_class(
                 parent=kernel, websocket_handler=handler, config=handler.config
             )
-            connection.session.session = self.session.session
-            connection.session.key = kernel.session.key
-            connection.session_key = session_key
-            connection.create_stream()
-            await connection.nudge()  # iopub is subscribed before the cell runs
-            self.manager.kernel_manager.start_buffering(
-                self.kernel_id, session_key, connection.channels
-            )
+            own.session.session = self.session.session
+            own.session.key = kernel.session.key
+            own.session_key = session_key
+            own.create_stream()
+            await own.nudge()  # iopub is subscribed before the cell runs
+            live = open_sessions.get(session_key)  # a reconnect during the nudge
+            if live is None:  # no await from here to the buffering: none can slip in
+                self.manager.kernel_manager.start_buffering(
+                    self.kernel_id, session_key, own.channels
+                )
+                connection = own
+            else:
+                for stream in own.channels.values():
+                    stream.close()
+        if live is not None:
+            connection = live.connection
+            deadline = asyncio.get_running_loop().time() + 30
+            while not connection.channels and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)  # the reconnect is still opening its streams
         for queued in self._queue:
             connection.handle_incoming_message(queued)
         self._queue.clear()
