@@ -4,11 +4,9 @@ names the cells that ran after it. A clean stop leaves no such kernel behind."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from server_helpers import ServerProcess, poll, text_of
 
@@ -25,17 +23,6 @@ def read_record(tmp_path: Path, kernel_id: str) -> dict[str, Any] | None:
         return store.records.get(kernel_id)
     except ImageNotFound:
         return None
-
-
-def crash(server: ServerProcess) -> None:
-    """SIGKILL the server and its kernels at once, as the OOM killer or a dead node would."""
-    assert server.process is not None
-    root = psutil.Process(server.process.pid)
-    processes = [root, *root.children(recursive=True)]
-    for process in processes:
-        process.send_signal(signal.SIGKILL)
-    psutil.wait_procs(processes, timeout=30)
-    server.process.wait()
 
 
 async def test_a_crashed_kernel_is_recovered_from_its_autosave(tmp_path):
@@ -57,7 +44,7 @@ async def test_a_crashed_kernel_is_recovered_from_its_autosave(tmp_path):
         await poll(lambda: cells_after() == [2, 3], what="the record to list In[2], In[3]")
         client.close()
     finally:
-        crash(server)
+        server.crash()
     (tmp_path / "sessions.db").unlink()  # as on another node: no session database
 
     await server.start()
@@ -128,7 +115,7 @@ async def test_a_kernel_that_crashes_after_a_restore_is_recovered_from_that_imag
 
         await poll(lambda: cells_after() == [2], what="the record to list In[2]")
     finally:
-        crash(server)
+        server.crash()
 
     await server.start()
     try:
