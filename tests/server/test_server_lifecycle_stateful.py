@@ -14,9 +14,9 @@ server would and checks the lifecycle's invariant:
 - only the user's shutdown drops a kernel's record;
 - ``GET /api/kernels`` lists each kernel once, with the state the model expects.
 
-Profiles (``JUPYTER_CKPT_STATEFUL_PROFILE``): ``ci`` (the default) runs a few short
-examples without shrinking, so that it fits a CI budget; ``long`` runs 300 longer examples
-and shrinks a failure to a minimal one::
+Profiles (``JUPYTER_CKPT_STATEFUL_PROFILE``): ``ci`` (the default) runs examples of 6
+steps, 3 on the local store and 2 on S3, without shrinking, so that both fit a CI budget;
+``long`` runs 300 examples of 12 steps and shrinks a failure to a minimal one::
 
     JUPYTER_CKPT_STATEFUL_PROFILE=long pytest --timeout=0 -s \\
         tests/server/test_server_lifecycle_stateful.py
@@ -586,22 +586,25 @@ class Lifecycle(RuleBasedStateMachine):
         self.rigs.kept = self.rig
 
 
-def run_lifecycle(tmp_path: Path, moto: MotoServer | None) -> None:
+def run_lifecycle(tmp_path: Path, moto: MotoServer | None, examples_in_ci: int) -> None:
     """Run the machine under the profile of ``PROFILE_ENV``, printing its seed."""
     profile = os.environ.get(PROFILE_ENV, "ci")
+    chosen_settings = settings.get_profile(profile)
+    if profile == "ci":
+        chosen_settings = settings(chosen_settings, max_examples=examples_in_ci)
     chosen = int(os.environ.get(SEED_ENV) or random.randrange(2**32))
     print(f"\nstateful lifecycle: profile {profile}, seed {chosen} ({SEED_ENV}={chosen})")
     rigs = Rigs(tmp_path, moto)
     machine = type("LifecycleRun", (Lifecycle,), {"rigs": rigs})
     try:
-        run_state_machine_as_test(seed(chosen)(machine), settings=settings.get_profile(profile))
+        run_state_machine_as_test(seed(chosen)(machine), settings=chosen_settings)
     finally:
         rigs.close()
 
 
 def test_lifecycle_local_store(tmp_path: Path) -> None:
-    run_lifecycle(tmp_path, None)
+    run_lifecycle(tmp_path, None, examples_in_ci=3)
 
 
 def test_lifecycle_s3_store(tmp_path: Path, moto: MotoServer) -> None:
-    run_lifecycle(tmp_path, moto)
+    run_lifecycle(tmp_path, moto, examples_in_ci=2)
