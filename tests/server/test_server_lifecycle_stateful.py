@@ -297,6 +297,24 @@ class Lifecycle(RuleBasedStateMachine):
         finally:
             store.close()
 
+    def wait_autosaved(self, kernel: KernelModel) -> None:
+        """Wait until the kernel's running record names an image of its variables now."""
+
+        def autosaved() -> bool:
+            store = self.store.fresh()
+            try:
+                record = self.record_of(store, kernel.id)
+                if record is None or record.get("state") != "running":
+                    return False
+                try:
+                    return self.variables_of(store, record["image_id"]) == kernel.namespace
+                except ImageNotFound:
+                    return False
+            finally:
+                store.close()
+
+        self.run(poll(autosaved, timeout=60, what=f"an autosave of kernel {kernel.id}"))
+
     # -- rules ---------------------------------------------------------------------------
 
     @initialize()
@@ -365,22 +383,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(data=st.data())
     def autosave_tick(self, data: st.DataObject) -> None:
         """An idle running kernel's state reaches the store by itself, within a deadline."""
-        kernel = self.pick(data, lambda k: k.stateful and not k.suspended)
-
-        def autosaved() -> bool:
-            store = self.store.fresh()
-            try:
-                record = self.record_of(store, kernel.id)
-                if record is None or record.get("state") != "running":
-                    return False
-                try:
-                    return self.variables_of(store, record["image_id"]) == kernel.namespace
-                except ImageNotFound:
-                    return False
-            finally:
-                store.close()
-
-        self.run(poll(autosaved, timeout=60, what=f"an autosave of kernel {kernel.id}"))
+        self.wait_autosaved(self.pick(data, lambda k: k.stateful and not k.suspended))
 
     @precondition(lambda self: self.kernels)
     @rule(data=st.data())
@@ -492,6 +495,7 @@ class Lifecycle(RuleBasedStateMachine):
             with pytest.raises(HTTPClientError):
                 self.run(self.server.fetch("POST", f"ckpt/kernels/{kernel.id}/suspend", {}))
         self.run(self.run_cell(kernel, {}))  # still running, with every variable
+        self.wait_autosaved(kernel)
 
     @precondition(
         lambda self: (
@@ -501,7 +505,8 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(data=st.data())
     def failed_record_write(self, data: st.DataObject) -> None:
         """The image is written but its record is not (a full disk, a 5xx): the suspend
-        fails, the kernel keeps running, and no record names an image that is gone."""
+        fails, the kernel keeps running, no record names an image that is gone, and the
+        kernel's state reaches the store once records can be written again."""
         kernel = self.pick(data, lambda k: k.stateful and not k.suspended)
         records = self.store.records_dir()
         records.mkdir(parents=True, exist_ok=True)
@@ -510,6 +515,7 @@ class Lifecycle(RuleBasedStateMachine):
             with pytest.raises(HTTPClientError):
                 self.run(self.server.fetch("POST", f"ckpt/kernels/{kernel.id}/suspend", {}))
         self.run(self.run_cell(kernel, {}))
+        self.wait_autosaved(kernel)
 
     # -- the invariant -------------------------------------------------------------------
 
