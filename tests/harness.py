@@ -32,6 +32,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 BUCKET = "ckpt-test"
 CREDENTIALS = {"key": "testing", "secret": "testing"}
 EXEC_TIMEOUT = 120
+# S3 clients that give up within seconds when the server is gone, not after minutes
+S3_TIMEOUTS = {
+    "config_kwargs": {"connect_timeout": 1, "read_timeout": 2, "retries": {"max_attempts": 1}}
+}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -500,6 +504,35 @@ def tmpfs(directory: Path, size: str) -> Iterator[Path]:
     mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)]
     if subprocess.run(mount, capture_output=True).returncode:
         pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+@contextmanager
+def read_only(directory: Path) -> Iterator[Path]:
+    """Every write under ``directory`` fails for a while, as on a disk gone read-only or a
+    store mount lost: a read-only bind mount for root (whom permission bits do not stop;
+    a test that cannot mount one is skipped, which the suite counts as a failure), the
+    permission bits of each directory otherwise."""
+    import pytest
+
+    if os.geteuid() != 0:
+        modes = {d: d.stat().st_mode for d in [directory, *directory.rglob("*")] if d.is_dir()}
+        for path in modes:
+            path.chmod(0o500)
+        try:
+            yield directory
+        finally:
+            for path, mode in modes.items():
+                path.chmod(mode)
+        return
+    for command in (["mount", "--bind"], ["mount", "-o", "remount,ro,bind"]):
+        mounted = subprocess.run([*command, str(directory), str(directory)], capture_output=True)
+        if mounted.returncode:
+            subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+            pytest.skip("a read-only bind mount needs root with CAP_SYS_ADMIN")
     try:
         yield directory
     finally:

@@ -29,15 +29,21 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import Kernel, KernelError, MotoServer, Outage, Paths, S3Paths, tmpfs, wait_for
+from harness import (
+    S3_TIMEOUTS,
+    Kernel,
+    KernelError,
+    MotoServer,
+    Outage,
+    Paths,
+    S3Paths,
+    tmpfs,
+    wait_for,
+)
 
 from jupyter_ckpt.store import ImageStore
 
 MiB = 1 << 20
-# Short client timeouts, so a stopped S3 server shows as an error within seconds.
-S3_TIMEOUTS = {
-    "config_kwargs": {"connect_timeout": 1, "read_timeout": 2, "retries": {"max_attempts": 1}}
-}
 # State big enough that a save is still writing when the fault lands.
 BIG = {"local": 384 * MiB, "s3": 96 * MiB}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
+import psutil
 import pytest
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
@@ -182,14 +184,19 @@ def stored_record(tmp: Path, kernel_id: str) -> dict[str, Any] | None:
 class ServerProcess:
     """`jupyter server` with the extension on a private store and sessions database.
 
-    ``policy`` adds SuspendPolicy settings, ``env`` environment variables; ``start()``
+    ``policy`` adds SuspendPolicy settings, ``env`` environment variables, ``extensions``
+    turns other server extensions on or off (off, a server starts faster); ``start()``
     takes Popen arguments (a terminal as stdin, a new session) for the stop paths."""
 
     # the servers of the running test: a failing test's report shows their logs
     of_test: ClassVar[list[ServerProcess]] = []
 
     def __init__(
-        self, tmp: Path, policy: dict[str, Any] | None = None, env: dict[str, str] | None = None
+        self,
+        tmp: Path,
+        policy: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        extensions: dict[str, bool] | None = None,
     ) -> None:
         self.tmp = tmp
         self.token = uuid.uuid4().hex
@@ -198,7 +205,7 @@ class ServerProcess:
             self.port = s.getsockname()[1]
         config = {
             "ServerApp": {
-                "jpserver_extensions": {"jupyter_ckpt_server": True},
+                "jpserver_extensions": {**(extensions or {}), "jupyter_ckpt_server": True},
                 "kernel_manager_class": "jupyter_ckpt_server.kernelmanager.CkptKernelManager",
                 "root_dir": str(tmp),
             },
@@ -257,8 +264,9 @@ class ServerProcess:
     async def get(self, path: str) -> Any:
         return await self.fetch("GET", path)
 
-    async def connect(self, kernel_id: str) -> Client:
-        return await connect_kernel(f"ws://127.0.0.1:{self.port}", self.token, kernel_id)
+    async def connect(self, kernel_id: str, session: Session | None = None) -> Client:
+        """A frontend on the kernel; ``session`` as a reconnecting JupyterLab passes it."""
+        return await connect_kernel(f"ws://127.0.0.1:{self.port}", self.token, kernel_id, session)
 
     async def run_cell(self, kernel_id: str, code: str) -> str:
         """Run one cell in the kernel through the websocket; its output text, once the
@@ -302,6 +310,17 @@ class ServerProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+    def crash(self) -> None:
+        """SIGKILL the server and its kernels at once, as the OOM killer or a dead node would."""
+        assert self.process is not None
+        root = psutil.Process(self.process.pid)
+        processes = [root, *root.children(recursive=True)]
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(processes, timeout=30)
+        self.process.wait()
 
     def terminate(self) -> float:
         """SIGTERM, as a pod eviction or hub cull does; seconds until the server exited."""

@@ -6,22 +6,10 @@ from __future__ import annotations
 
 import signal
 
-import psutil
 import pytest
 from server_helpers import GATE_MODULE, NOTEBOOK, ServerProcess, poll, text_of
 
 AUTOSAVE = {"autosave_interval": 3600, "autosave_idle": 0.2, "check_interval": 0.5}
-
-
-def crash(server: ServerProcess) -> None:
-    """SIGKILL the server and its kernels at once, as the OOM killer or a dead node would."""
-    assert server.process is not None
-    root = psutil.Process(server.process.pid)
-    processes = [root, *root.children(recursive=True)]
-    for process in processes:
-        process.send_signal(signal.SIGKILL)
-    psutil.wait_procs(processes, timeout=30)
-    server.process.wait()
 
 
 async def test_a_crashed_kernel_is_recovered_from_its_autosave(tmp_path):
@@ -43,7 +31,7 @@ async def test_a_crashed_kernel_is_recovered_from_its_autosave(tmp_path):
         await poll(lambda: cells_after() == [2, 3], what="the record to list In[2], In[3]")
         client.close()
     finally:
-        crash(server)
+        server.crash()
     (tmp_path / "sessions.db").unlink()  # as on another node: no session database
 
     await server.start()
@@ -85,7 +73,7 @@ async def test_a_server_killed_while_it_suspends_at_stop_keeps_the_autosave(tmp_
         server.send_signal(signal.SIGTERM)
         await poll((tmp_path / "gate-waiting").exists, what="the suspend at stop to begin")
     finally:
-        crash(server)
+        server.crash()
     kept = server.record(kernel_id)
     assert kept is not None, "the running record was dropped before the suspend replaced it"
     assert (kept["state"], kept["image_id"]) == ("running", record["image_id"])
@@ -150,7 +138,7 @@ async def test_a_kernel_that_crashes_after_a_restore_is_recovered_from_that_imag
 
         await poll(lambda: cells_after() == [2], what="the record to list In[2]")
     finally:
-        crash(server)
+        server.crash()
 
     await server.start()
     try:
