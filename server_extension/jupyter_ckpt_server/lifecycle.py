@@ -160,6 +160,8 @@ class KernelLifecycle:
     kernel_info: dict[str, Any] | None = None
     refresh: asyncio.Task[None] | None = None
     refreshed_at: float = 0.0
+    # the record a checkpoint's record replaced: put back if the user deletes that image
+    before_checkpoint: dict[str, Any] | None = None
 
     def move(self, event: str) -> None:
         nxt = TRANSITIONS.get((self.state, event))
@@ -264,10 +266,11 @@ class Lifecycles:
         )
 
     def pinned(self) -> dict[str, dict[str, str]]:
-        """Image id -> the kernel whose record names it and how (what GET /images shows)."""
+        """Image id -> the kernel whose record names it and how (what GET /images shows).
+        A checkpoint the user took stays theirs to delete (:meth:`release_checkpoint`)."""
         pins = {}
         for lc in list(self.kernels.values()):
-            if lc.record is None:
+            if lc.record is None or lc.record.get("trigger") == "checkpoint":
                 continue
             how = {
                 S.SUSPENDED: "suspended",
@@ -291,6 +294,8 @@ class Lifecycles:
         """Replace the kernel's record; the in-memory copy follows only a committed put."""
         await asyncio.to_thread(self.records.put, record)
         lc.record = record
+        if record.get("trigger") != "checkpoint":
+            lc.before_checkpoint = None
 
     async def _drop(self, lc: KernelLifecycle) -> None:
         """Remove the kernel's record: only for a state its user gave up."""
@@ -588,6 +593,16 @@ class Lifecycles:
                 if not lc.has_process:
                     raise SuspendFailed(f"kernel {kernel_id} is not running")
                 summary = await self._write_image(kernel_id, name, self._timeout(None))
+                if lc.state is S.RUNNING:  # recoverable from it at once, as from an autosave
+                    record = await self._running_record(lc, summary, "checkpoint", now_iso())
+                    previous = lc.record
+                    if previous is not None and previous.get("trigger") == "checkpoint":
+                        previous = lc.before_checkpoint
+                    try:
+                        await self._put(lc, record)
+                        lc.before_checkpoint = previous  # after the put: it clears it
+                    except (CkptError, OSError) as exc:  # the image is saved all the same
+                        self.log.warning("Could not record kernel %s: %s", kernel_id, exc)
         except SuspendFailed as exc:
             self.events.failure("checkpoint", kernel_id, "api", exc, started)
             raise
@@ -618,6 +633,25 @@ class Lifecycles:
             self.store.delete(image_id)
         except CkptError as exc:
             self.log.warning("could not remove image %s: %s", image_id, exc)
+
+    async def release_checkpoint(self, image_id: str) -> None:
+        """The user deletes a checkpoint a running kernel's record names: the record goes
+        back to the one it replaced (an autosave, the image the kernel came from, or
+        none), so the store lets the image go and no record names a missing image."""
+        for lc in list(self.kernels.values()):
+            record = lc.record
+            if record is None or record["image_id"] != image_id:
+                continue
+            if record.get("trigger") != "checkpoint":
+                continue
+            async with lc.lock:
+                try:  # the store's record, which the store's delete goes by
+                    stored = await asyncio.to_thread(self.records.get, lc.kernel_id)
+                except CkptError:
+                    continue
+                if lc.record is record and stored.get("trigger") == "checkpoint":
+                    await self._put_back(lc, lc.before_checkpoint)
+                    lc.before_checkpoint = None
 
     # -- autosave ----------------------------------------------------------------------------
 

@@ -60,6 +60,8 @@ def recovery_message(record: dict[str, Any]) -> str:
     saved_at = _clock(recovered["autosave_at"])
     if record.get("trigger") == "restore":  # it crashed after a restore, before an autosave
         text = f"jupyter-ckpt: restored from the image of {saved_at} it was last restored from"
+    elif record.get("trigger") == "checkpoint":  # a checkpoint is its newest image
+        text = f"jupyter-ckpt: restored from its checkpoint of {saved_at}"
     else:
         text = f"jupyter-ckpt: restored from the autosave of {saved_at}"
     alive = recovered.get("crashed_after")

@@ -82,7 +82,9 @@ class CkptService:
             **{
                 r["image_id"]: {"state": "autosave", "kernel_id": k}
                 for k, r in records.items()
-                if r.get("state") == "running" and r.get("image_id")
+                if r.get("state") == "running"
+                and r.get("image_id")
+                and r.get("trigger") != "checkpoint"
             },
             **self.manager.lifecycles.pinned(),
         }
@@ -121,6 +123,9 @@ class CkptService:
         started = time.perf_counter()
         # The store refuses (ImageInUse) while a kernel's record names the image: a
         # suspended kernel's, or a running kernel's autosave (see _image_states).
+        await self.manager.lifecycles.release_checkpoint(
+            await asyncio.to_thread(self.manager.store.resolve, ref)
+        )
         image_id = await asyncio.to_thread(self.manager.store.delete, ref)
         self.manager.events.event("delete", None, "api", started, {"id": image_id})
         return image_id
