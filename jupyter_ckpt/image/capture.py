@@ -12,7 +12,10 @@ between saves and unchanged data is not written again.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import platform
+import re
 import sys
 import types
 from datetime import datetime, timezone
@@ -85,22 +88,38 @@ def _attribute_path(obj: Any, dotted: str) -> Any:
     return obj
 
 
-_dists: dict[str, list[str]] | None = None
-
-
 def package_versions(modules: set[str]) -> dict[str, str]:
-    global _dists
-    if _dists is None:
-        _dists = metadata.packages_distributions()
+    """The installed version of each top-level module's distribution, where it has one."""
     versions = {}
     for module in sorted(modules):
-        for dist in _dists.get(module, []):
-            try:
-                versions[module] = metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                continue
-            break
+        version = _version_of(module)
+        if version is not None:
+            versions[module] = version
     return versions
+
+
+@functools.cache
+def _version_of(module: str) -> str | None:
+    """The version of the distribution that provides the top-level ``module``: the one
+    named like it where that one has it (numpy, torch), else the first whose files list it
+    (scikit-learn for sklearn). Once per module and kernel, reading only what it needs:
+    ``packages_distributions()`` reads every distribution's file list (about 1 s) on
+    every save that runs in a fresh process, such as an autosave's forked child."""
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        named = metadata.distribution(module)
+        if _provides(named, module):
+            return named.version
+    found = next((d for d in metadata.distributions() if _provides(d, module)), None)
+    return found.version if found is not None else None
+
+
+def _provides(dist: metadata.Distribution, module: str) -> bool:
+    top = dist.read_text("top_level.txt")
+    if top is not None:
+        return module in top.split()
+    record = dist.read_text("RECORD") or ""
+    pattern = rf"^{re.escape(module)}(/|\.py,|\.[^,/]*\.(so|pyd),)"
+    return re.search(pattern, record, re.MULTILINE) is not None
 
 
 def capture(
