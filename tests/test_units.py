@@ -22,7 +22,7 @@ from harness import load_namespace, save_namespace
 from jupyter_ckpt import image
 from jupyter_ckpt.errors import InvalidReference
 from jupyter_ckpt.format import human_bytes
-from jupyter_ckpt.image.capture import import_record
+from jupyter_ckpt.image.capture import history_sources, import_record
 from jupyter_ckpt.kernel.state import moved_cwd
 from jupyter_ckpt.store import ImageStore, check_ref
 
@@ -93,6 +93,33 @@ def _notebook_function() -> Any:
 )
 def test_import_record_for_values(value: Any) -> None:
     assert import_record("v", value) is None
+
+
+def test_module_attributes_are_references() -> None:
+    """A name bound to a module's attribute is that attribute, whatever its class: SymPy's
+    ``RR`` (an instance) and ``cacheit`` (a decorator factory that does not pickle)."""
+    import sympy
+    from sympy import RR, cacheit
+
+    assert import_record("RR", RR) == {"name": "RR", "module": RR.__module__, "attr": "RR"}
+    assert import_record("cacheit", cacheit)["attr"] == "cacheit"  # type: ignore[index]
+    sources = history_sources(["from sympy import RR as field, pi\nfrom sympy import *"])
+    assert sources == {"field": ("sympy", "RR"), "pi": ("sympy", "pi"), "sympy": ("sympy", "*")}
+    assert import_record("field", RR, sources) == {"name": "field", "module": "sympy", "attr": "RR"}
+    assert import_record("QQ", sympy.QQ, sources)["module"] == "sympy"  # type: ignore[index]
+    # a dict the user may have changed is saved as it is, even where a module holds it
+    assert import_record("modules", sys.modules, {"modules": ("sys", "modules")}) is None
+
+
+def test_module_attributes_restore_as_the_same_object(store: ImageStore) -> None:
+    from sympy import RR, cacheit
+
+    namespace = {"RR": RR, "cacheit": cacheit, "f": lambda: 1}
+    manifest = save_namespace(store, namespace)
+    statuses = {v["name"]: v["status"] for v in manifest["variables"]}
+    assert statuses == {"RR": "imported", "cacheit": "imported", "f": "saved"}
+    restored = load_namespace(store, manifest["id"])
+    assert restored["RR"] is RR and restored["cacheit"] is cacheit
 
 
 # -- one stream, one pickle per variable ------------------------------------------------

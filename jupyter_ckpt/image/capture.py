@@ -52,8 +52,18 @@ def array_facts(value: Any) -> dict[str, Any]:
         return {}
 
 
-def import_record(name: str, value: Any) -> dict[str, Any] | None:
-    """How to re-import a module alias or a `from x import y` binding, if it is one."""
+def import_record(
+    name: str, value: Any, sources: dict[str, tuple[str, str]] | None = None
+) -> dict[str, Any] | None:
+    """How to re-import a module alias or a `from x import y` binding, if it is one.
+
+    ``sources``: where the input history says names came from (name -> (module, attr);
+    attr "*" for a star import, under the module's name). A value is a binding of a module
+    attribute when ``getattr(module, attr) is value`` for a loaded module: the one the
+    history names, or the module (or a package above it) that the value or its class
+    says it comes from. Such a value is imported again on restore, not pickled: it is the
+    module's object (SymPy's ``RR``, a decorator factory), whatever its class.
+    """
     if isinstance(value, types.ModuleType):
         record: dict[str, Any] = {"name": name, "module": value.__name__}
         # `import a.b.c` binds `a`; its public submodules are imported again on restore.
@@ -68,16 +78,58 @@ def import_record(name: str, value: Any) -> dict[str, Any] | None:
         return record
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__":
-        return None
-    if not isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
-        return None
-    target: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-    if target is not value:
-        return None
-    return {"name": name, "module": module, "attr": qualname}
+    if (
+        isinstance(module, str)
+        and isinstance(qualname, str)
+        and module != "__main__"
+        and isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType))
+    ):
+        target: Any = sys.modules.get(module)
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+        if target is value:
+            return {"name": name, "module": module, "attr": qualname}
+    if type(value) in (dict, list, set, bytearray):
+        return None  # one the user may have changed: saved as it is now
+    with contextlib.suppress(Exception):  # user objects' and modules' attributes may raise
+        for source, attr in _candidates(name, value, sources or {}):
+            if getattr(sys.modules.get(source), attr, None) is value:
+                return {"name": name, "module": source, "attr": attr}
+    return None
+
+
+def _candidates(
+    name: str, value: Any, sources: dict[str, tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """(module, attribute) pairs that may hold ``value``, most likely first."""
+    found = [sources[name]] if name in sources else []
+    found += [(module, name) for module, attr in sources.values() if attr == "*"]
+    for owner in (value, type(value)):
+        module = getattr(owner, "__module__", None)
+        while isinstance(module, str) and module and module != "__main__":
+            found.append((module, name))
+            module = module.rpartition(".")[0]
+    return found
+
+
+_FROM_IMPORT = re.compile(r"^\s*from\s+([\w.]+)\s+import\s+(?:\(([^)]*)\)|([^#\n]+))", re.MULTILINE)
+
+
+def history_sources(history: list[str]) -> dict[str, tuple[str, str]]:
+    """Names bound by `from x import a, b as c` and `from x import *` in the input history:
+    name -> (module, attribute); a star import as module -> (module, "*")."""
+    sources: dict[str, tuple[str, str]] = {}
+    for cell in history:
+        for module, grouped, names in _FROM_IMPORT.findall(cell):
+            for item in (grouped or names).split(","):
+                words = item.split("#")[0].split()
+                if words == ["*"]:
+                    sources[module] = (module, "*")
+                elif len(words) == 1:
+                    sources[words[0]] = (module, words[0])
+                elif len(words) == 3 and words[1] == "as":
+                    sources[words[2]] = (module, words[0])
+    return sources
 
 
 def _attribute_path(obj: Any, dotted: str) -> Any:
@@ -141,12 +193,13 @@ def capture(
     imports = []
     stream = Stream(namespace)
     names: list[str] = []
+    sources = history_sources((kernel or {}).get("history", {}).get("raw", []))
     for var, value in variables.items():
         record = records[var] = {"name": var, "type": type_name(value), **array_facts(value)}
         if var in exclude:
             record.update(status="excluded", reason="excluded with %ckpt exclude")
             continue
-        imported = import_record(var, value)
+        imported = import_record(var, value, sources)
         if imported is not None:
             imports.append(imported)
             record.update(status="imported", module=imported["module"])
