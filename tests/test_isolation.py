@@ -162,6 +162,8 @@ def kernels(start_kernel: Callable[..., Kernel], ckpt_paths: Paths) -> tuple[Ker
     for kind in FAILING:
         a.run(FAILING[kind] + BAD + f"bad_{kind.replace('-', '_')} = bad\ndel bad, holds_bad")
     a.run(NOTEBOOK)
+    verified = a.ckpt("save --verify checked")
+    assert "bad_reducer: saved, but would not load: ZeroDivisionError" in verified, verified
     saved = a.ckpt("save isolation")
     a.shutdown()
     (modules / "vanishing_mod.py").unlink()
@@ -178,3 +180,25 @@ def test_a_restore_into_a_fresh_kernel_loses_only_what_failed(
     failed = {"bad_reducer", "bad_vanished_module", "bad_c_type", "vanishing_mod"}
     assert failed <= missing <= failed | {"RR", "domain"}, restored
     kernel.check(*CHECKS, "f() == 1", "g(1) == 2")
+
+
+def test_a_verified_save_reports_what_would_not_load(store: ImageStore) -> None:
+    """With ``verify``, the image is loaded back before it is committed: a variable that
+    would not load is reported at save time, not saved, and the others are unchanged."""
+    namespace = run_cells(
+        FAILING["reducer"] + BAD + NOTEBOOK + "import numpy as np\nbig = np.ones(1 << 20)\n"
+    )
+    variables = {k: v for k, v in namespace.items() if not k.startswith("__")}
+    manifest = image.capture(variables, namespace, store.writer(), name="verified", verify=True)
+    lost = {v["name"]: v["reason"] for v in manifest["variables"] if v["status"] == "lost"}
+    reason = f"saved, but would not load: {REASONS['reducer']}"
+    assert lost == {"bad": reason, "holds_bad": reason}
+    assert manifest["verify_seconds"] is not None
+    # loading back left the kernel's own classes and functions as they were
+    assert namespace["Point"].moved.__globals__ is namespace
+
+    restored: dict[str, Any] = {"__name__": "__main__"}
+    report = image.restore(manifest, store.read_segments(manifest), restored)
+    assert report.missing == {name: f"not saved: {why}" for name, why in lost.items()}
+    assert not [check for check in CHECKS if not eval(check, restored)]
+    assert restored["big"].sum() == 1 << 20

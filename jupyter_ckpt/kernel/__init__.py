@@ -50,11 +50,14 @@ class KernelSession:
             self._store = ImageStore(config=self.shell.config)
         return self._store
 
-    def save(self, name: str | None = None, progress: str | None = None) -> dict[str, Any]:
+    def save(
+        self, name: str | None = None, progress: str | None = None, verify: bool = False
+    ) -> dict[str, Any]:
         """Write an image; a failure comes back as ``{"error": why}``, not raised. An
         exception would stay in ``sys.last_traceback`` (IPython keeps the last one), and
         with it every copy the failed save's frames held. ``progress``: a file to keep
-        the bytes written in (see :mod:`jupyter_ckpt.store.progress`)."""
+        the bytes written in (see :mod:`jupyter_ckpt.store.progress`). ``verify``: load
+        the image back first; a variable that would not load is reported as not saved."""
         started = time.perf_counter()
         background.collect(self)  # a finished autosave's image is the parent
         try:
@@ -69,6 +72,7 @@ class KernelSession:
                 kernel=kernel_facts(self.shell),
                 parent=self.last_image,
                 buffer_bytes=self.store.buffer_bytes,
+                verify=verify,
             )
         except Exception as exc:
             return {"error": _describe(exc)}
@@ -130,6 +134,7 @@ def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
         "bytes": manifest["sizes"]["logical"],
         "written": manifest["sizes"]["written"],
         "seconds": seconds,
+        "verify_seconds": manifest.get("verify_seconds"),
         # the number of the next cell: cells from it on ran after the image
         "execution_count": manifest["kernel"].get("execution_count"),
     }
@@ -152,7 +157,10 @@ def session() -> KernelSession:
 
 
 def checkpoint(name: str | None = None, progress: str | None = None) -> dict[str, Any]:
-    return session().save(name, progress)
+    """The server's save, before a suspend or a server stop (and on request): verified,
+    so that a variable reported saved is one that loads, and a kernel whose variables
+    would not all come back is kept running under ``on_unsaveable = "keep"``."""
+    return session().save(name, progress, verify=True)
 
 
 def restore(

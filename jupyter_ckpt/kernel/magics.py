@@ -25,7 +25,11 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="%ckpt", description="Checkpoint this kernel's variables.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("save", help="write an image of the namespace").add_argument("name", nargs="?")
+    save = sub.add_parser("save", help="write an image of the namespace")
+    save.add_argument("name", nargs="?")
+    save.add_argument(
+        "--verify", action="store_true", help="load the image back: report what would not load"
+    )
     restore = sub.add_parser("restore", help="bring an image's variables back")
     restore.add_argument("ref", metavar="NAME|ID")
     restore.add_argument(
@@ -66,12 +70,14 @@ class CkptMagics(Magics):
             print(f"%ckpt {args.command}: {exc}")
 
     def _save(self, args: Any) -> list[str]:
-        r = session().save(args.name)
+        r = session().save(args.name, verify=args.verify)
         if "error" in r:
             return [f"%ckpt save: {r['error']} (nothing was saved; the variables are unchanged)"]
+        verified = r.get("verify_seconds")
         lines = [
             f"Saved {len(r['saved'])} variables as '{r['name']}' ({r['id'][:12]}): "
             f"{human_bytes(r['bytes'])}, {human_bytes(r['written'])} new, {r['seconds']:.2f} s"
+            + (f", loaded back in {verified:.2f} s" if verified is not None else "")
         ]
         lines += _not_back(r["lost"], "saved")
         if r["excluded"]:
