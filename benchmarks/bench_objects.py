@@ -7,7 +7,9 @@ interleaved rounds (the order rotates each round); the median round is reported:
   bytes to one file, fsync'd as the store fsyncs; restore: a read of the file +
   ``pickle.loads``;
 * ckpt: ``jupyter_ckpt.image.capture`` into an ``ImageStore``; restore: ``store.open`` +
-  ``read_segments`` + ``image.restore`` into a fresh namespace.
+  ``read_segments`` + ``image.restore`` into a fresh namespace;
+* ckpt-verify (with ``--verify``): ckpt whose save loads the image back before it commits
+  it, as suspends and autosaves do.
 
 Workloads: *records* is 300,000 dicts ``{'id', 'name', 'tags', 'score'}`` plus an index
 dict over them (the same dicts); *tokens* is 20,000 lists of 50 short strings plus a
@@ -50,6 +52,8 @@ RATIOS = [
     ("save / (pickle.dumps + write)", ("ckpt", "save"), ("pickle", "save"), 1.5),
     ("restore / (read + pickle.loads)", ("ckpt", "load"), ("pickle", "load"), 1.5),
 ]
+# With --verify: what loading the image back before the commit costs.
+VERIFY_RATIO = ("verified save / save", ("ckpt-verify", "save"), ("ckpt", "save"), 2.5)
 # A variable that cannot be saved may cost what trying it costs, no more.
 TARGETS = {("unsaveable", "save / (pickle.dumps + write)"): 1.2}
 
@@ -120,9 +124,9 @@ def pickle_load(path: str) -> Any:
         return pickle.loads(f.read())
 
 
-def ckpt_save(state: dict[str, Any], store: Any, name: str) -> dict[str, Any]:
+def ckpt_save(state: dict[str, Any], store: Any, name: str, verify: bool = False) -> dict[str, Any]:
     namespace = dict(state)
-    return image.capture(namespace, namespace, store.writer(), name=name)
+    return image.capture(namespace, namespace, store.writer(), name=name, verify=verify)
 
 
 def ckpt_load(store: Any, name: str) -> dict[str, Any]:
@@ -133,7 +137,9 @@ def ckpt_load(store: Any, name: str) -> dict[str, Any]:
     return namespace
 
 
-def run_rounds(workload: str, n: int, rounds: int, where: str, timings: Timings) -> None:
+def run_rounds(
+    workload: str, n: int, rounds: int, where: str, timings: Timings, verify: bool = False
+) -> None:
     state = WORKLOADS[workload](n)
     store = make_store(os.path.join(where, workload))
     path = os.path.join(where, f"{workload}.pickle")
@@ -145,9 +151,14 @@ def run_rounds(workload: str, n: int, rounds: int, where: str, timings: Timings)
         "pickle": (lambda: pickle_save(state, path), lambda: pickle_load(path)),
         "ckpt": (lambda: ckpt_save(state, store, workload), lambda: ckpt_load(store, workload)),
     }
+    if verify:
+        contenders["ckpt-verify"] = (
+            lambda: ckpt_save(state, store, workload, verify=True),
+            lambda: ckpt_load(store, workload),
+        )
     order = list(contenders)
     for r in range(rounds):
-        for contender in order[r % 2 :] + order[: r % 2]:
+        for contender in order[r % len(order) :] + order[: r % len(order)]:
             save, load = contenders[contender]
             timings.add(workload, contender, "save", timed(save)[0])
             seconds, loaded = timed(load)
@@ -199,6 +210,9 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="scratch directory on the measured disk")
     parser.add_argument("--quick", action="store_true", help="1 round, 1/10 scale, 32M")
     parser.add_argument(
+        "--verify", action="store_true", help="add ckpt-verify: saves loaded back first"
+    )
+    parser.add_argument(
         "--workloads", default=",".join(SIZES), help=f"comma separated, of {', '.join(SIZES)}"
     )
     args = parser.parse_args()
@@ -210,14 +224,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as where:
         for workload in workloads:
             n = SIZES[workload]
-            run_rounds(workload, max(1, int(n * args.scale)), args.rounds, where, timings)
+            size = max(1, int(n * args.scale))
+            run_rounds(workload, size, args.rounds, where, timings, args.verify)
     print(f"{args.rounds} rounds, median; warm page cache for every contender\n")
     header = ["workload", "contender", "op", "median s", "range s", "GB/s of pickle"]
     print(table(header, timings.rows()))
     print()
     rows = []
     for workload in workloads:
-        for label, ours, base, target in RATIOS:
+        for label, ours, base, target in [*RATIOS, *([VERIFY_RATIO] if args.verify else [])]:
             ratio = timings.median(workload, *ours) / timings.median(workload, *base)
             target = TARGETS.get((workload, label), target)
             rows.append([workload, label, f"{ratio:.2f}", f"<= {target}", _verdict(ratio, target)])

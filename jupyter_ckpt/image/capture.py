@@ -100,9 +100,12 @@ def import_record(
         return None  # one the user may have changed: saved as it is now
     with contextlib.suppress(Exception):  # user objects' and modules' attributes may raise
         for source, attr in _candidates(name, value, sources or {}):
-            if getattr(sys.modules.get(source), attr, None) is value:
+            if getattr(sys.modules.get(source), attr, _ABSENT) is value:
                 return {"name": name, "module": source, "attr": attr}
     return None
+
+
+_ABSENT = object()
 
 
 def _candidates(
