@@ -150,9 +150,10 @@ domain = {"field": RR, "g": g}
 
 
 @pytest.fixture(scope="module")
-def kernels(start_kernel: Callable[..., Kernel], ckpt_paths: Paths) -> tuple[Kernel, str, str]:
+def kernels(start_kernel: Callable[..., Kernel], ckpt_paths: Paths) -> tuple[Kernel, str, str, int]:
     """Kernel A runs every failing kind and SymPy's ``RR`` before the notebook's code, and
-    saves; a fresh kernel B restores the image. Returns B and both outputs."""
+    saves; a fresh kernel B restores the image. Returns B, both outputs, and the number of
+    the cell that made ``bad_reducer``."""
     modules = ckpt_paths.root / "modules"
     modules.mkdir()
     (modules / "vanishing_mod.py").write_text("class Thing:\n    pass\n")
@@ -162,24 +163,27 @@ def kernels(start_kernel: Callable[..., Kernel], ckpt_paths: Paths) -> tuple[Ker
     for kind in FAILING:
         a.run(FAILING[kind] + BAD + f"bad_{kind.replace('-', '_')} = bad\ndel bad, holds_bad")
     a.run(NOTEBOOK)
+    cell = a.eval("[n for n, c in enumerate(In) if 'bad_reducer = bad' in c][0]")
     verified = a.ckpt("save --verify checked")
     assert "bad_reducer: saved, but would not load: ZeroDivisionError" in verified, verified
+    assert f"In [{cell}] for bad_reducer" in verified.splitlines()[-1], verified
     saved = a.ckpt("save isolation")
     a.shutdown()
     (modules / "vanishing_mod.py").unlink()
     b = start_kernel()
-    return b, saved, b.ckpt("restore isolation")
+    return b, saved, b.ckpt("restore isolation"), cell
 
 
 def test_a_restore_into_a_fresh_kernel_loses_only_what_failed(
-    kernels: tuple[Kernel, str, str],
+    kernels: tuple[Kernel, str, str, int],
 ) -> None:
-    kernel, saved, restored = kernels
+    kernel, saved, restored, cell = kernels
     assert "Not saved" not in saved, saved
     missing = {line.split(":", 1)[0].strip() for line in restored.splitlines() if line[:2] == "  "}
     failed = {"bad_reducer", "bad_vanished_module", "bad_c_type", "vanishing_mod"}
     assert failed <= missing <= failed | {"RR", "domain"}, restored
     kernel.check(*CHECKS, "f() == 1", "g(1) == 2")
+    assert f"In [{cell}] for bad_reducer" in restored.splitlines()[-1], restored
 
 
 def test_a_verified_save_reports_what_would_not_load(store: ImageStore) -> None:

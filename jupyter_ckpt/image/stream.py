@@ -352,9 +352,13 @@ def load(
                 unpickler.load()  # the probe
             except Exception as exc:
                 missing[name] = f"{type(exc).__name__}: {exc}"
-                damage = damage or salvage.Damage(data, parts)
                 memo = unpickler.memo.copy()
-                damage.failed(i, name, memo, buffers, missing[name])
+                try:
+                    damage = damage or salvage.Damage(data, parts)
+                    damage.failed(i, name, memo, buffers, missing[name])
+                except Exception:  # a stream that does not parse: nothing after is trusted
+                    missing.update((later, missing[name]) for later in names[i + 1 :])
+                    break
                 # A fresh unpickler: the failed one may hold the rest of a frame it was reading.
                 unpickler = _refilled(memo, reader, feed)
                 del memo

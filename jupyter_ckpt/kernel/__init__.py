@@ -17,7 +17,14 @@ from ..store import ImageStore, check_ref
 from ..store.progress import Progress
 from . import background
 from .activity import background_work as background_work
-from .state import apply_kernel_facts, kernel_facts, kernel_id, user_variables
+from .state import (
+    apply_kernel_facts,
+    defining_cells,
+    expand_history,
+    kernel_facts,
+    kernel_id,
+    user_variables,
+)
 
 
 def _default_name() -> str:
@@ -84,7 +91,9 @@ class KernelSession:
             if v["status"] == "lost" and v["name"] in namespace
         }
         self.last_bytes = manifest["sizes"]["logical"]
-        return summarize_save(manifest, time.perf_counter() - started)
+        summary = summarize_save(manifest, time.perf_counter() - started)
+        parsed = self.shell.history_manager.input_hist_parsed
+        return {**summary, "cells": defining_cells(parsed, summary["lost"])}
 
     def still_unsaveable(self) -> list[str]:
         """The variables the last save could not write that still hold the same values:
@@ -106,6 +115,8 @@ class KernelSession:
         segments = self.store.read_segments(manifest, Progress(progress))
         report = image.restore(manifest, segments, self.shell.user_ns, map_location=map_location)
         segments.progress.finish()
+        history = manifest.get("kernel", {}).get("history")
+        cells = defining_cells(expand_history(history)[1], report.missing) if history else {}
         report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
@@ -114,6 +125,7 @@ class KernelSession:
             "id": manifest["id"],
             "name": manifest["name"],
             **report.to_json(),
+            "cells": cells,  # what to re-run to make a missing variable again
             "seconds": time.perf_counter() - started,
         }
 
