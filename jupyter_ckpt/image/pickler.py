@@ -134,12 +134,12 @@ class _DeviceSlot(bytearray):
 class _StorageRef:
     """One torch storage; pickle's memo makes every tensor on it share the rebuilt one."""
 
-    def __init__(self, storage: Any, device: str, array: Any = None) -> None:
+    def __init__(self, storage: Any, device: str, array: Any = None, copy: bool = True) -> None:
         self.storage = storage
         self.device = device
         self.address = storage.data_ptr()
         self.array = array  # the numpy array whose memory this (CPU) storage is
-        self._buffer: Any = None
+        self._buffer: Any = None if copy else b""  # a trial pickle copies no device data
 
     def __reduce__(self) -> tuple[Any, tuple]:
         if self.array is not None:
@@ -230,7 +230,11 @@ class CkptPickler(cloudpickle.Pickler):
         file: io.BytesIO,
         namespace: dict[str, Any],
         storages: dict[tuple[str, int], _StorageRef],
+        trial: bool = False,
     ) -> None:
+        # a trial (see stream.Stream) only finds out whether a value pickles: device data
+        # is not copied to the host for it
+        self.trial = trial
         # host buffers (memoryviews) and device storages, in stream order
         self.buffers: list[memoryview | DeviceBuffer] = []
         # cloudpickle's table is a ChainMap: looked up (a Python call and a KeyError) for
@@ -393,7 +397,7 @@ class CkptPickler(cloudpickle.Pickler):
             owner = self._arrays.get(key[1]) if device == "cpu" else None
             if owner is not None and owner.nbytes < storage.nbytes():
                 owner = None
-            ref = self.storages[key] = _StorageRef(storage, device, owner)
+            ref = self.storages[key] = _StorageRef(storage, device, owner, not self.trial)
         return ref
 
     def _reduce_owner(self, arr: Any) -> Any:

@@ -160,7 +160,7 @@ def _apply(name: str, op: Any, arg: Any, stack: list[_Item], marks: list[int]) -
     elif name == "REDUCE" and len(inputs) == 2:
         # the callable may set the state of what it is given (cloudpickle's state setters)
         for member in inputs[1].members:
-            if member.slot is not None:
+            if member.slot is not None and not isinstance(member.value, _Global):
                 member.deps |= result.deps - {member.slot}
     elif name == "STACK_GLOBAL":
         module, attr = (i.value for i in inputs)

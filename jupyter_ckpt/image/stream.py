@@ -154,7 +154,7 @@ class Stream:
         """Pickle ``value`` alone and throw the bytes away; raise as the stream's pickler
         would if it fails, before it has touched the stream. A value too big or too deep
         for a trial goes on to the stream's pickler, which copes."""
-        trial = _pickler.CkptPickler(_Capped(), self.namespace, {})  # type: ignore[arg-type]
+        trial = _pickler.CkptPickler(_Capped(), self.namespace, {}, trial=True)  # type: ignore[arg-type]
         try:
             trial.dump(value)
         except (_TooBig, RecursionError):
@@ -351,7 +351,9 @@ def load(
                 value = unpickler.load()
                 unpickler.load()  # the probe
             except Exception as exc:
-                missing[name] = f"{type(exc).__name__}: {exc}"
+                # one that took in what an earlier failure left fails for the same reason
+                picked = damage.picked_up(before) if damage else None
+                missing[name] = picked.reason if picked else f"{type(exc).__name__}: {exc}"
                 memo = unpickler.memo.copy()
                 try:
                     damage = damage or salvage.Damage(data, parts)
