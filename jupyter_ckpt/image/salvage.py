@@ -277,16 +277,18 @@ class Damage:
     ) -> set[int]:
         """``bad`` and the slots among ``slots`` that hold or were built from a bad or an
         already poisoned slot (whole values excepted)."""
-        bad, blocked = set(bad), bad | self.poisoned
-        candidates = [s for s in slots if s not in bad and (memo is None or not whole(memo.get(s)))]
-        changed = True
-        while changed:
-            changed = False
-            for s in candidates:
-                if s not in bad and not blocked.isdisjoint(deps.get(s, ())):
-                    bad.add(s)
-                    blocked.add(s)
-                    changed = True
+        candidates = {s for s in slots if s not in bad and (memo is None or not whole(memo.get(s)))}
+        users: dict[int, list[int]] = {}  # slot -> the candidates that hold or used it
+        for s in candidates:
+            for d in deps.get(s, ()):
+                users.setdefault(d, []).append(s)
+        bad = set(bad)
+        todo = list(bad | self.poisoned)
+        while todo:
+            for user in users.get(todo.pop(), ()):
+                if user not in bad:
+                    bad.add(user)
+                    todo.append(user)
         return bad
 
     @staticmethod
