@@ -9,6 +9,8 @@ noisy neighbour on a shared machine hits all contenders alike:
 * dill: ``dill.dump_module`` / ``dill.load_module`` of a module holding the state;
 * ckpt: ``jupyter_ckpt.image.capture`` into an ``ImageStore`` and ``store.open`` +
   ``read_segments`` + ``image.restore`` into a fresh namespace;
+* ckpt-verify (with ``--verify``): ckpt whose saves load the image back before they
+  commit it (``capture(..., verify=True)``, as suspends and autosaves do);
 * ckpt-aes (with ``--encryption``): the same through a store with
   ``ImageStore.encryption = "aes-256-gcm"``, against ckpt (target: 0.8x its throughput).
 
@@ -63,6 +65,8 @@ RATIOS = [
     # encryption at rest costs at most a fifth of the throughput (issue 11)
     ("encrypted / plain save throughput", ("ckpt", "save"), ("ckpt-aes", "save"), 0.8),
     ("encrypted / plain restore throughput", ("ckpt", "load"), ("ckpt-aes", "load"), 0.8),
+    # loading the image back before it is committed (--verify): what the check costs
+    ("save / save loaded back (verify)", ("ckpt", "save"), ("ckpt-verify", "save"), 0.8),
 ]
 DEDUPE_TARGET = 0.05
 MODULE_NAME = "ckpt_bench_state"
@@ -246,9 +250,12 @@ class _FdFile:
 
 
 class Ckpt(Contender):
-    def __init__(self, fsync: bool, name: str = "ckpt", **store_options: Any) -> None:
+    def __init__(
+        self, fsync: bool, name: str = "ckpt", verify: bool = False, **store_options: Any
+    ) -> None:
         super().__init__(fsync)
         self.name = name
+        self.verify = verify
         self.store_options = store_options
         self.stores: dict[str, ImageStore] = {}
 
@@ -264,7 +271,8 @@ class Ckpt(Contender):
 
     def save(self, work: Workload, where: str) -> dict[str, Any]:
         ns = work.namespace
-        return capture(dict(ns), ns, self.store(where).writer(), name=work.name)
+        writer = self.store(where).writer()
+        return capture(dict(ns), ns, writer, name=work.name, verify=self.verify)
 
     def load(self, work: Workload, where: str) -> dict[str, Any]:
         store = self.store(where)
@@ -374,6 +382,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="64M, 1 round, 16M mixed arrays")
     parser.add_argument(
+        "--verify", action="store_true", help="add ckpt-verify: saves loaded back before commit"
+    )
+    parser.add_argument(
         "--dir",
         default=None,
         help="scratch directory on the disk to measure (default: the system temp dir)",
@@ -421,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             ckpts.append(Ckpt(fsync, "ckpt-aes", encryption="aes-256-gcm", **options))
         contenders: list[Contender] = [Plain(fsync), *([] if args.no_dill else [Dill(fsync)])]
         contenders += ckpts
+        if args.verify:
+            contenders.append(Ckpt(fsync, "ckpt-verify", verify=True, **options))
         warm_up(contenders, base, rng)
         timings = run_rounds(workloads, contenders, args.rounds, base, memory)
         dedupe = [dedupe_check(w, c, base, memory) for c in ckpts for w in workloads]

@@ -22,7 +22,7 @@ from harness import load_namespace, save_namespace
 from jupyter_ckpt import image
 from jupyter_ckpt.errors import InvalidReference
 from jupyter_ckpt.format import human_bytes
-from jupyter_ckpt.image.capture import import_record
+from jupyter_ckpt.image.capture import history_sources, import_record
 from jupyter_ckpt.kernel.state import moved_cwd
 from jupyter_ckpt.store import ImageStore, check_ref
 
@@ -93,6 +93,34 @@ def _notebook_function() -> Any:
 )
 def test_import_record_for_values(value: Any) -> None:
     assert import_record("v", value) is None
+
+
+def test_module_attributes_are_references() -> None:
+    """A name bound to a module's attribute is that attribute, whatever its class: SymPy's
+    ``RR`` (an instance) and ``cacheit`` (a decorator factory that does not pickle)."""
+    import sympy
+    from sympy import RR, cacheit
+
+    assert import_record("RR", RR) == {"name": "RR", "module": RR.__module__, "attr": "RR"}
+    assert import_record("cacheit", cacheit)["attr"] == "cacheit"  # type: ignore[index]
+    sources = history_sources(["from sympy import RR as field, pi\nfrom sympy import *"])
+    assert sources == {"field": ("sympy", "RR"), "pi": ("sympy", "pi"), "sympy": ("sympy", "*")}
+    assert import_record("field", RR, sources) == {"name": "field", "module": "sympy", "attr": "RR"}
+    assert import_record("QQ", sympy.QQ, sources)["module"] == "sympy"  # type: ignore[index]
+    assert import_record("none", None) is None and import_record("flag", True) is None
+    # a dict the user may have changed is saved as it is, even where a module holds it
+    assert import_record("modules", sys.modules, {"modules": ("sys", "modules")}) is None
+
+
+def test_module_attributes_restore_as_the_same_object(store: ImageStore) -> None:
+    from sympy import RR, cacheit
+
+    namespace = {"RR": RR, "cacheit": cacheit, "f": lambda: 1}
+    manifest = save_namespace(store, namespace)
+    statuses = {v["name"]: v["status"] for v in manifest["variables"]}
+    assert statuses == {"RR": "imported", "cacheit": "imported", "f": "saved"}
+    restored = load_namespace(store, manifest["id"])
+    assert restored["RR"] is RR and restored["cacheit"] is cacheit
 
 
 # -- one stream, one pickle per variable ------------------------------------------------
@@ -272,6 +300,31 @@ def test_views_share_their_base(store: ImageStore, make: Any, order: str) -> Non
     assert np.shares_memory(new_view, new_base)
     assert new_view.flags.writeable == view.flags.writeable
     assert new_base.flags.f_contiguous == base.flags.f_contiguous
+
+
+class Sub(np.ndarray):
+    """A user's ndarray subclass."""
+
+
+def test_views_of_array_subclasses_share_their_base(store: ImageStore) -> None:
+    """recarray, masked-array and user-subclass views come back as views of their base,
+    of their class, with their attributes (a masked array's mask)."""
+    data = np.zeros(4, dtype=[("age", "i4"), ("w", "f8")])
+    x = np.arange(10.0)
+    masked = np.ma.array(np.arange(6.0), mask=[0, 1, 0, 0, 1, 0])
+    namespace = {
+        "data": data, "rec": data.view(np.recarray), "x": x, "sub": x[2:8].view(Sub)[1:3],
+        "masked": masked, "part": masked[1:4], "plain": np.asarray(data.view(np.recarray)),
+    }  # fmt: skip
+    restored = load_namespace(store, save_namespace(store, namespace)["id"])
+    restored["data"]["age"][0] = 99
+    restored["x"][3] = -1.0
+    assert type(restored["rec"]) is np.recarray and restored["rec"].age[0] == 99
+    assert type(restored["sub"]) is Sub and restored["sub"].tolist() == [-1.0, 4.0]
+    assert type(restored["part"]) is np.ma.MaskedArray
+    assert restored["part"].mask.tolist() == [True, False, False]
+    assert np.shares_memory(restored["part"], restored["masked"])
+    assert np.shares_memory(restored["plain"], restored["data"])
 
 
 def test_structured_field_view_shares(store: ImageStore) -> None:

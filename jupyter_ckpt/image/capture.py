@@ -12,16 +12,26 @@ between saves and unchanged data is not written again.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import mmap
 import platform
+import re
 import sys
+import time
 import types
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any
 
+from cloudpickle import cloudpickle as _cp
+
 from ..store import BUFFER_BYTES, CHUNK_SIZE
+from . import devices
 from . import pickler as _pickler
 from .stream import Stream
+from .stream import load as load_stream
 
 # Buffers up to this size are packed together; larger ones get their own chunks.
 PACK_MAX = 1 << 20
@@ -49,8 +59,18 @@ def array_facts(value: Any) -> dict[str, Any]:
         return {}
 
 
-def import_record(name: str, value: Any) -> dict[str, Any] | None:
-    """How to re-import a module alias or a `from x import y` binding, if it is one."""
+def import_record(
+    name: str, value: Any, sources: dict[str, tuple[str, str]] | None = None
+) -> dict[str, Any] | None:
+    """How to re-import a module alias or a `from x import y` binding, if it is one.
+
+    ``sources``: where the input history says names came from (name -> (module, attr);
+    attr "*" for a star import, under the module's name). A value is a binding of a module
+    attribute when ``getattr(module, attr) is value`` for a loaded module: the one the
+    history names, or the module (or a package above it) that the value or its class
+    says it comes from. Such a value is imported again on restore, not pickled: it is the
+    module's object (SymPy's ``RR``, a decorator factory), whatever its class.
+    """
     if isinstance(value, types.ModuleType):
         record: dict[str, Any] = {"name": name, "module": value.__name__}
         # `import a.b.c` binds `a`; its public submodules are imported again on restore.
@@ -65,16 +85,61 @@ def import_record(name: str, value: Any) -> dict[str, Any] | None:
         return record
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__":
-        return None
-    if not isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
-        return None
-    target: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-    if target is not value:
-        return None
-    return {"name": name, "module": module, "attr": qualname}
+    if (
+        isinstance(module, str)
+        and isinstance(qualname, str)
+        and module != "__main__"
+        and isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType))
+    ):
+        target: Any = sys.modules.get(module)
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+        if target is value:
+            return {"name": name, "module": module, "attr": qualname}
+    if type(value) in (dict, list, set, bytearray):
+        return None  # one the user may have changed: saved as it is now
+    with contextlib.suppress(Exception):  # user objects' and modules' attributes may raise
+        for source, attr in _candidates(name, value, sources or {}):
+            if getattr(sys.modules.get(source), attr, _ABSENT) is value:
+                return {"name": name, "module": source, "attr": attr}
+    return None
+
+
+_ABSENT = object()
+
+
+def _candidates(
+    name: str, value: Any, sources: dict[str, tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """(module, attribute) pairs that may hold ``value``, most likely first."""
+    found = [sources[name]] if name in sources else []
+    found += [(module, name) for module, attr in sources.values() if attr == "*"]
+    for owner in (value, type(value)):
+        module = getattr(owner, "__module__", None)
+        while isinstance(module, str) and module and module != "__main__":
+            found.append((module, name))
+            module = module.rpartition(".")[0]
+    return found
+
+
+_FROM_IMPORT = re.compile(r"^\s*from\s+([\w.]+)\s+import\s+(?:\(([^)]*)\)|([^#\n]+))", re.MULTILINE)
+
+
+def history_sources(history: list[str]) -> dict[str, tuple[str, str]]:
+    """Names bound by `from x import a, b as c` and `from x import *` in the input history:
+    name -> (module, attribute); a star import as module -> (module, "*")."""
+    sources: dict[str, tuple[str, str]] = {}
+    for cell in history:
+        for module, grouped, names in _FROM_IMPORT.findall(cell):
+            for item in (grouped or names).split(","):
+                words = item.split("#")[0].split()
+                if words == ["*"]:
+                    sources[module] = (module, "*")
+                elif len(words) == 1:
+                    sources[words[0]] = (module, words[0])
+                elif len(words) == 3 and words[1] == "as":
+                    sources[words[2]] = (module, words[0])
+    return sources
 
 
 def _attribute_path(obj: Any, dotted: str) -> Any:
@@ -85,22 +150,38 @@ def _attribute_path(obj: Any, dotted: str) -> Any:
     return obj
 
 
-_dists: dict[str, list[str]] | None = None
-
-
 def package_versions(modules: set[str]) -> dict[str, str]:
-    global _dists
-    if _dists is None:
-        _dists = metadata.packages_distributions()
+    """The installed version of each top-level module's distribution, where it has one."""
     versions = {}
     for module in sorted(modules):
-        for dist in _dists.get(module, []):
-            try:
-                versions[module] = metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                continue
-            break
+        version = _version_of(module)
+        if version is not None:
+            versions[module] = version
     return versions
+
+
+@functools.cache
+def _version_of(module: str) -> str | None:
+    """The version of the distribution that provides the top-level ``module``: the one
+    named like it where that one has it (numpy, torch), else the first whose files list it
+    (scikit-learn for sklearn). Once per module and kernel, reading only what it needs:
+    ``packages_distributions()`` reads every distribution's file list (about 1 s) on
+    every save that runs in a fresh process, such as an autosave's forked child."""
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        named = metadata.distribution(module)
+        if _provides(named, module):
+            return named.version
+    found = next((d for d in metadata.distributions() if _provides(d, module)), None)
+    return found.version if found is not None else None
+
+
+def _provides(dist: metadata.Distribution, module: str) -> bool:
+    top = dist.read_text("top_level.txt")
+    if top is not None:
+        return module in top.split()
+    record = dist.read_text("RECORD") or ""
+    pattern = rf"^{re.escape(module)}(/|\.py,|\.[^,/]*\.(so|pyd),)"
+    return re.search(pattern, record, re.MULTILINE) is not None
 
 
 def capture(
@@ -113,21 +194,25 @@ def capture(
     kernel: dict[str, Any] | None = None,
     parent: str | None = None,
     buffer_bytes: int = BUFFER_BYTES,
+    verify: bool = False,
 ) -> dict[str, Any]:
     """Pickle ``variables`` (functions bound to ``namespace``) through ``writer``; return
     the committed manifest. Copies made for writing (device data to the host, packed
     small buffers) take about ``buffer_bytes`` of host memory at most; a save that
-    fails leaves nothing in the store that gc would not remove."""
+    fails leaves nothing in the store that gc would not remove. With ``verify``, the
+    stream is loaded back first (see :func:`verify_stream`), and a variable that would not
+    load is listed as not saved, with the reason."""
     records: dict[str, dict[str, Any]] = {}
     imports = []
     stream = Stream(namespace)
     names: list[str] = []
+    sources = history_sources((kernel or {}).get("history", {}).get("raw", []))
     for var, value in variables.items():
         record = records[var] = {"name": var, "type": type_name(value), **array_facts(value)}
         if var in exclude:
             record.update(status="excluded", reason="excluded with %ckpt exclude")
             continue
-        imported = import_record(var, value)
+        imported = import_record(var, value, sources)
         if imported is not None:
             imports.append(imported)
             record.update(status="imported", module=imported["module"])
@@ -140,6 +225,13 @@ def capture(
         record.update(status="saved", bytes=nbytes, devices=sorted(devices))
         names.append(var)
 
+    verified = None
+    if verify and names:
+        started = time.perf_counter()
+        for var, reason in verify_stream(stream, names).items():
+            records[var].update(status="lost", reason=f"saved, but would not load: {reason}")
+            records[var].pop("bytes", None)
+        verified = round(time.perf_counter() - started, 6)
     try:
         group_entries = _write_stream(names, stream, writer, part_bytes(buffer_bytes))
     except BaseException:
@@ -165,10 +257,45 @@ def capture(
             "packages": package_versions(modules - {"__main__", "builtins"}),
         },
         "devices": sorted(stream.devices),
+        "verify_seconds": verified,
     }
     if any(d.startswith("cuda") for d in manifest["devices"]):
         manifest["gpu"] = {**gpu_facts(), "device_bytes": stream.device_bytes()}
     return writer.commit(manifest)
+
+
+def verify_stream(stream: Stream, names: list[str]) -> dict[str, str]:
+    """Load the stream as a restore would, into a scratch namespace; return the variables
+    that do not come back and why. Arrays and tensors come back over the saved memory,
+    not copies; device storages over untouched anonymous memory, on the CPU. The objects
+    are built again, though: for object-heavy state this costs about a ``pickle.loads``,
+    and that much memory until it returns."""
+    data = memoryview(b"".join(stream.out.pieces))
+    buffers = [
+        b if isinstance(b, memoryview) else memoryview(mmap.mmap(-1, b.nbytes)) if b.nbytes else b""
+        for b in stream.buffers
+    ]
+    token = devices.current_mapper.set(devices.DeviceMapper(devices.device_ops, [], "cpu"))
+    try:
+        with _fresh_classes():
+            _, missing = load_stream(data, buffers, names, stream.parts, {})
+    finally:
+        devices.current_mapper.reset(token)
+    return missing
+
+
+@contextlib.contextmanager
+def _fresh_classes() -> Iterator[None]:
+    """Classes saved by value are built anew while the stream is loaded back. In the
+    process that saved them, cloudpickle would hand back the live class and set the
+    loaded methods on it, bound to the scratch namespace: the kernel's own class would
+    change under the user."""
+    track = _cp._lookup_class_or_track
+    _cp._lookup_class_or_track = lambda class_tracker_id, class_def: class_def
+    try:
+        yield
+    finally:
+        _cp._lookup_class_or_track = track
 
 
 def part_bytes(buffer_bytes: int) -> int:

@@ -27,6 +27,7 @@ import copyreg
 import functools
 import io
 import pickle
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -96,6 +97,12 @@ def _rebuild_view(
     return view
 
 
+def _rebuild_subclass_view(view: tuple, cls: type, attributes: dict[str, Any]) -> Any:
+    rebuilt = _rebuild_view(*view).view(cls)
+    rebuilt.__dict__.update(attributes)
+    return rebuilt
+
+
 class DeviceBuffer:
     """The bytes of one device storage, copied to the host only piece by piece as they
     are written (:meth:`host_parts`), so a save never holds a whole GPU state in RAM."""
@@ -127,12 +134,12 @@ class _DeviceSlot(bytearray):
 class _StorageRef:
     """One torch storage; pickle's memo makes every tensor on it share the rebuilt one."""
 
-    def __init__(self, storage: Any, device: str, array: Any = None) -> None:
+    def __init__(self, storage: Any, device: str, array: Any = None, copy: bool = True) -> None:
         self.storage = storage
         self.device = device
         self.address = storage.data_ptr()
         self.array = array  # the numpy array whose memory this (CPU) storage is
-        self._buffer: Any = None
+        self._buffer: Any = None if copy else b""  # a trial pickle copies no device data
 
     def __reduce__(self) -> tuple[Any, tuple]:
         if self.array is not None:
@@ -191,9 +198,27 @@ def _special(cls: type) -> bool:
     """Whether instances of ``cls`` may reduce differently one from another (by value or
     not, a view or an owner, on a device or not), so the answer for one does not hold
     for its class."""
-    return issubclass(cls, (type, types.FunctionType, io.IOBase)) or (
-        (cls.__module__, cls.__name__) in (("numpy", "ndarray"), ("torch", "Tensor"))
+    return (
+        issubclass(cls, (type, types.FunctionType, io.IOBase))
+        or (cls.__module__, cls.__name__) in (("numpy", "ndarray"), ("torch", "Tensor"))
+        or _array_subclass(cls)
     )
+
+
+def _array_subclass(cls: type) -> bool:
+    """A subclass of numpy's ndarray (recarray, masked arrays, a user's)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and issubclass(cls, numpy.ndarray) and cls is not numpy.ndarray
+
+
+def _array_root(arr: Any) -> Any:
+    """The array at the end of ``arr``'s chain of bases: the one that owns the memory (or
+    holds foreign memory)."""
+    import numpy as np
+
+    while isinstance(arr.base, np.ndarray):
+        arr = arr.base
+    return arr
 
 
 class CkptPickler(cloudpickle.Pickler):
@@ -205,7 +230,11 @@ class CkptPickler(cloudpickle.Pickler):
         file: io.BytesIO,
         namespace: dict[str, Any],
         storages: dict[tuple[str, int], _StorageRef],
+        trial: bool = False,
     ) -> None:
+        # a trial (see stream.Stream) only finds out whether a value pickles: device data
+        # is not copied to the host for it
+        self.trial = trial
         # host buffers (memoryviews) and device storages, in stream order
         self.buffers: list[memoryview | DeviceBuffer] = []
         # cloudpickle's table is a ChainMap: looked up (a Python call and a KeyError) for
@@ -247,6 +276,8 @@ class CkptPickler(cloudpickle.Pickler):
             self.modules.add(module.partition(".")[0])
         if module == "numpy" and cls.__name__ == "ndarray":
             return self._reduce_ndarray(obj)
+        if _array_subclass(cls):
+            return self._reduce_subclass_view(obj)
         if module == "torch" and cls.__name__ == "Tensor":
             return self._reduce_tensor(obj)
         if module == "__main__" or getattr(obj, "__module__", None) == "__main__":
@@ -307,7 +338,9 @@ class CkptPickler(cloudpickle.Pickler):
         if _is_tensor(base):  # tensor.numpy(): the tensor's storage, shared
             ref = self._storage_ref(base.detach())
             return _on_storage(ref, arr, arr.__array_interface__["data"][0] - ref.address)
-        if type(base) is not type(arr):
+        if type(base) is not type(arr) and _array_subclass(type(base)):
+            base = _array_root(base)  # e.g. np.asarray(recarray): its memory is the root's
+        if type(base) is not type(arr) and not _array_subclass(type(base)):
             return self._reduce_owner(arr)  # foreign memory: saved as a copy it will own
         if base.dtype.hasobject:
             return NotImplemented
@@ -316,6 +349,22 @@ class CkptPickler(cloudpickle.Pickler):
         offset = arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
         args = (base, offset, arr.shape, arr.strides, arr.dtype)
         return _rebuild_view, args if arr.flags.writeable else (*args, False)
+
+    def _reduce_subclass_view(self, arr: Any) -> Any:
+        """A view of an ndarray subclass (``data.view(np.recarray)``, a masked array's
+        slice, a user's subclass): a view of its root's memory made into its class again,
+        with its attributes, so it shares memory with its base after restore as before.
+        Owners, and views this cannot rebuild, take the subclass's own reduce (a copy)."""
+        if arr.base is None or arr.dtype.hasobject or type(arr).__name__ == "memmap":
+            return NotImplemented
+        root = _array_root(arr)
+        if root is arr or root.dtype.hasobject:
+            return NotImplemented
+        if not (root.flags.c_contiguous or root.flags.f_contiguous):
+            return NotImplemented
+        offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        view = (root, offset, arr.shape, arr.strides, arr.dtype, arr.flags.writeable)
+        return _rebuild_subclass_view, (view, type(arr), dict(vars(arr)))
 
     def _reduce_tensor(self, tensor: Any) -> Any:
         import torch
@@ -348,7 +397,7 @@ class CkptPickler(cloudpickle.Pickler):
             owner = self._arrays.get(key[1]) if device == "cpu" else None
             if owner is not None and owner.nbytes < storage.nbytes():
                 owner = None
-            ref = self.storages[key] = _StorageRef(storage, device, owner)
+            ref = self.storages[key] = _StorageRef(storage, device, owner, not self.trial)
         return ref
 
     def _reduce_owner(self, arr: Any) -> Any:

@@ -56,6 +56,7 @@ def restore(
     for var in manifest["variables"]:
         if var["status"] in ("lost", "excluded"):
             report.missing[var["name"]] = f"not saved: {var['reason']}"
+    unsaved = set(report.missing)  # in the stream, but found not to load when it was saved
 
     mapper = devices.DeviceMapper(devices.device_ops, manifest.get("devices", []), map_location)
     staged: dict[str, Any] = {}
@@ -72,8 +73,8 @@ def restore(
             data, buffers = view(group["pickle"]), [view(r) for r in group["buffers"]]
             if "parts" in group:  # one pickle per variable in one stream
                 values, missing = stream.load(data, buffers, names, group["parts"], namespace)
-                staged.update(values)
-                report.missing.update(missing)
+                staged.update((n, v) for n, v in values.items() if n not in unsaved)
+                report.missing.update((n, r) for n, r in missing.items() if n not in unsaved)
                 continue
             try:  # one pickle of the group's variables, as images before streams hold
                 value = pickler.loads(data, buffers, namespace)

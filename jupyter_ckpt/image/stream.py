@@ -13,17 +13,18 @@ Per-variable boundaries keep the promises of separate pickles:
 
 * each variable is its own ``dump`` (so its own ``load``), followed by the dump of a
   *probe*, a fresh empty list whose memo index marks where the variable's memo entries end;
-  the manifest records each variable's ``[start, end, first buffer]`` in the stream;
-* a variable that fails to pickle is rewound: the stream and the out-of-band buffers are
-  cut back to its start and the memo to the previous probe (one memo copy per failure, in
-  C), so it is listed as lost with the reason and the others go on;
+  the manifest records each variable's ``[start, end, first buffer, slots]`` in the stream
+  (``slots``: the memo slots used up to its end);
+* a variable that fails to pickle is listed as lost with the reason, and the others go on.
+  Most fail in a trial first (pickled alone, up to 64 KiB, bytes thrown away): the cost of
+  trying them, and the stream never saw them. One that fails in the stream is rewound: the
+  stream and the out-of-band buffers are cut back to its start and the memo to the previous
+  probe (one copy of the whole memo);
 * a variable that fails to unpickle is reported with the reason, and the rest of the stream
-  still loads: its memo slots are filled with a poison marker (except fully built values
-  that carry no identity, such as strings), and a later variable that refers to a poisoned
-  slot (found by a scan of the stream's opcodes, made only once something failed) is not
-  loaded but reported with the same reason: it cannot come back whole without the failed
-  one. The scan runs at Python speed (about 7 MiB of stream a second), so a restore in
-  which something fails takes that much longer; one in which nothing fails never scans.
+  still loads, with every object the failed variable finished (a class, a function's code,
+  a string) and without those it left unfinished: see :mod:`.salvage`. A later variable
+  that needs an unfinished one is reported with the same reason. Nothing is scanned
+  unless something failed, and then only the failed variables' bytes.
 
 A variable's ``bytes`` are what it added to the image: its part of the stream plus its
 out-of-band buffers. An object reached from several variables is counted once, with the
@@ -32,29 +33,19 @@ first of them.
 
 from __future__ import annotations
 
-import contextlib
-import io
+import gc
 import pickle
 import pickletools
 import sys
 import threading
-import types
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..store import CHUNK_SIZE
 from . import pickler as _pickler
+from . import salvage
 
-# Opcodes that read the memo, and the one that writes it (the only one protocol 5 uses).
 _GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
-_MEMOIZE = "MEMOIZE"
-_LITERALS = frozenset(
-    {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE",
-     "SHORT_BINBYTES", "BINBYTES", "BINBYTES8"}
-)  # fmt: skip
-# Values that are whole as soon as they are memoized and whose identity carries no meaning.
-_ATOMS = (str, bytes, int, float, complex, bool, type(None), range, types.ModuleType)
 
 
 class _Spool:
@@ -85,10 +76,39 @@ class _Spool:
         del self.pieces[-1][size - CHUNK_SIZE * (len(self.pieces) - 1) :]
         self.size = size
 
+    def since(self, start: int) -> bytes:
+        """The bytes from ``start`` on (a few, at the end)."""
+        index = start // CHUNK_SIZE
+        head = bytes(self.pieces[index][start - index * CHUNK_SIZE :])
+        return head + b"".join(self.pieces[index + 1 :])
+
     def drain(self) -> Iterator[bytearray]:
         """The chunks in order, each let go of here as it is handed out."""
         while self.pieces:
             yield self.pieces.pop(0)
+
+
+class _Capped:
+    """Where a trial pickle goes: nowhere, and only up to :data:`TRIAL_BYTES`."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        self.size += memoryview(data).nbytes
+        if self.size > TRIAL_BYTES:
+            raise _TooBig
+        return memoryview(data).nbytes
+
+
+class _TooBig(Exception):
+    """A trial pickle went past :data:`TRIAL_BYTES`: it proves nothing either way."""
+
+
+# A variable is first pickled alone, up to this many bytes (the C pickler hands its output
+# on in frames of 64 KiB), so that one that fails (an open file, a lock, an object holding
+# one) fails there, at the cost of trying it, and never touches the stream's memo.
+TRIAL_BYTES = 1 << 16
 
 
 class Stream:
@@ -96,14 +116,17 @@ class Stream:
 
     def __init__(self, namespace: dict[str, Any]) -> None:
         self.out = _Spool()
+        self.namespace = namespace
         self.pickler = _pickler.CkptPickler(self.out, namespace, {})
-        self.parts: list[list[int]] = []  # per variable: [start, end, first buffer]
+        # per variable: [start, end, first buffer, memo slots used up to its end]
+        self.parts: list[list[int]] = []
         self.devices: set[str] = set()
-        self._probe: list[Any] | None = None  # the last variable's probe
+        self.slots = 0  # memo slots used by the variables so far
 
     def add(self, value: Any) -> tuple[int, set[str]]:
         """Pickle ``value``; return the bytes it added and the devices it reached. On
         failure the stream is as before and the exception propagates."""
+        self._trial(value)
         p = self.pickler
         start, first = self.out.tell(), len(p.buffers)
         modules = set(p.modules)
@@ -121,11 +144,33 @@ class Stream:
         except BaseException:
             self._rewind(start, first, modules)
             raise
-        self._probe = probe
         end = self.out.tell()
-        self.parts.append([start, end, first])
+        self.slots = self._slot_of(probe) + 1
+        self.parts.append([start, end, first, self.slots])
         self.devices |= p.devices
         return end - start + sum(b.nbytes for b in p.buffers[first:]), set(p.devices)
+
+    def _trial(self, value: Any) -> None:
+        """Pickle ``value`` alone and throw the bytes away; raise as the stream's pickler
+        would if it fails, before it has touched the stream. A value too big or too deep
+        for a trial goes on to the stream's pickler, which copes."""
+        trial = _pickler.CkptPickler(_Capped(), self.namespace, {}, trial=True)  # type: ignore[arg-type]
+        try:
+            trial.dump(value)
+        except (_TooBig, RecursionError):
+            return
+        except pickle.PicklingError as exc:
+            if not isinstance(exc.__cause__, RecursionError):
+                raise
+
+    def _slot_of(self, obj: Any) -> int:
+        """The memo slot of ``obj``, pickled before: a second dump of it is a reference to
+        its slot, read and cut off again."""
+        mark = self.out.tell()
+        self.pickler.dump(obj)
+        tail = self.out.since(mark)
+        self.out.truncate(mark)
+        return next(arg for op, arg, _ in pickletools.genops(tail) if op.name in _GETS)
 
     def device_bytes(self) -> dict[str, int]:
         """Bytes of the stream's accelerator storages per device: what a restore must fit
@@ -137,10 +182,14 @@ class Stream:
         return per_device
 
     def _rewind(self, start: int, first: int, modules: set[str]) -> None:
+        """Cut a failed variable out: one copy of the whole memo, so only for a value too
+        big for a trial (see :meth:`_trial`)."""
         p = self.pickler
-        memo = p.memo.copy()  # {id: (index, object)}
-        keep = memo[id(self._probe)][0] + 1 if self._probe is not None else 0
-        p.memo = {k: v for k, v in memo.items() if v[0] < keep}
+        gc.disable()  # the copy makes a tuple per entry: no collections meanwhile
+        try:
+            p.memo = {k: v for k, v in p.memo.copy().items() if v[0] < self.slots}
+        finally:
+            gc.enable()
         self.out.truncate(start)
         del p.buffers[first:]
         p.modules = modules
@@ -234,114 +283,30 @@ class _Buffers:
         return self.buffers[self.index - 1]
 
 
-class _Poison:
-    """Fills the memo slots of a variable that did not load."""
+class _Loader(pickle.Unpickler):
+    """The stream's unpickler. Persistent ids hand out given objects (the stream itself has
+    none), so that short pickles of our own can set memo slots (below)."""
 
-
-_POISON = _Poison()
-
-
-@dataclass(frozen=True)
-class _Global:
-    """A memo slot filled by an import (``STACK_GLOBAL``): whole wherever it comes from."""
-
-    module: str
-    name: str
-
-
-_UNKNOWN = object()
-_FINDER = pickle.Unpickler(io.BytesIO())  # imports as the unpickler would
-
-
-def _whole(obj: Any) -> bool:
-    """Whether a memoized object is complete and carries no identity, so a later variable
-    may use it although the variable that made it failed."""
-    if isinstance(obj, _ATOMS):
-        return True
-    return type(obj) in (tuple, frozenset) and all(_whole(item) for item in obj)
-
-
-@dataclass
-class _Salvage:
-    """What the stream's opcodes say about each variable's memo slots, read once something
-    failed to load: how many slots it fills, which slots it reads, and which slots hold a
-    string literal or an import (those a failed variable left unfilled can be refilled)."""
-
-    starts: list[int]
-    counts: list[int]
-    reads: list[set[int]]
-    known: dict[int, Any]
-    # memo index -> why it is unusable
-    poisoned: dict[int, str] = field(default_factory=dict)
-
-    @classmethod
-    def scan(cls, data: memoryview, parts: Sequence[Sequence[int]]) -> _Salvage:
-        starts, counts, reads, known = [], [], [], {}
-        total = 0
-        for start, end, _ in parts:
-            stream = io.BytesIO(data[start:end])
-            starts.append(total)
-            read: set[int] = set()
-            while stream.tell() < end - start:  # the variable's pickle, then its probe
-                pushed: list[Any] = []  # what the last ops pushed, where known
-                for op, arg, _ in pickletools.genops(stream):
-                    if op.name == _MEMOIZE:
-                        if pushed and pushed[-1] is not _UNKNOWN:
-                            known[total] = pushed[-1]
-                        total += 1
-                        continue
-                    if op.name == "FRAME":
-                        continue
-                    top: Any = _UNKNOWN
-                    if op.name in _GETS:
-                        read.add(arg)
-                        top = known.get(arg, _UNKNOWN)
-                    elif op.name in _LITERALS:
-                        top = arg
-                    elif op.name == "STACK_GLOBAL" and len(pushed) > 1:
-                        module, name = pushed[-2:]
-                        if isinstance(module, str) and isinstance(name, str):
-                            top = _Global(module, name)
-                    pushed = [*pushed[-1:], top]
-            counts.append(total - starts[-1])
-            reads.append(read)
-        return cls(starts, counts, reads, known)
-
-    def blocker(self, i: int) -> str | None:
-        """Why variable ``i`` cannot load whole, if it reads a poisoned slot."""
-        hit = next((j for j in self.reads[i] if j in self.poisoned), None)
-        return None if hit is None else self.poisoned[hit]
-
-    def poison(self, i: int, memo: dict[int, Any], reason: str) -> None:
-        """Mark variable ``i``'s slots unusable in ``memo``, but those that are whole
-        (atoms it made; string literals and imports, made again if it did not get to)."""
-        for index in range(self.starts[i], self.starts[i] + self.counts[i]):
-            obj, known = memo.get(index, _POISON), self.known.get(index, _UNKNOWN)
-            if isinstance(known, _Global):
-                with contextlib.suppress(Exception):  # not importable here: unusable
-                    memo[index] = _FINDER.find_class(known.module, known.name)
-                    continue
-            elif obj is _POISON and isinstance(known, (str, bytes)):
-                memo[index] = known
-                continue
-            elif obj is not _POISON and _whole(obj):
-                continue
-            memo[index] = _POISON
-            self.poisoned[index] = reason
-
-
-class _Refill(pickle.Unpickler):
-    """Hands out given objects for persistent ids, to rebuild a memo (below)."""
-
-    def __init__(self, objects: list[Any], *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.objects = objects
+        self.objects: list[Any] = []
 
     def persistent_load(self, pid: Any) -> Any:
         return self.objects[pid]
 
+    def run(self, reader: _Reader, ops: bytes, objects: list[Any]) -> None:
+        """Load the protocol 5 pickle ``ops`` (handed ``objects``) instead of the stream."""
+        source = reader.data, reader.pos
+        reader.data, reader.pos = memoryview(b"\x80\x05" + ops + b"N."), 0
+        self.objects = objects
+        try:
+            self.load()
+        finally:
+            reader.data, reader.pos = source
+            self.objects = []
 
-def _refilled(memo: dict[int, Any], reader: _Reader, feed: _Buffers) -> pickle.Unpickler:
+
+def _refilled(memo: dict[int, Any], reader: _Reader, feed: _Buffers) -> _Loader:
     """A fresh unpickler of the stream whose memo is ``memo`` (dense from 0).
 
     The C unpickler's ``memo`` setter cannot do this: given a dict it keeps nothing (it
@@ -350,16 +315,17 @@ def _refilled(memo: dict[int, Any], reader: _Reader, feed: _Buffers) -> pickle.U
     persistent id per entry, memoized in order.
     """
     objects = [memo[i] for i in range(len(memo))]
+    unpickler = _Loader(reader, buffers=feed)
     ops = b"".join(b"J" + i.to_bytes(4, "little") + b"Q\x940" for i in range(len(objects)))
-    source = reader.data, reader.pos
-    reader.data, reader.pos = memoryview(b"\x80\x05" + ops + b"N."), 0
-    unpickler = _Refill(objects, reader, buffers=feed)
-    try:
-        unpickler.load()
-    finally:
-        reader.data, reader.pos = source
-    unpickler.objects = []  # the stream itself has no persistent ids
+    unpickler.run(reader, ops, objects)
     return unpickler
+
+
+def _poison(unpickler: _Loader, reader: _Reader, slots: set[int], marker: Any) -> None:
+    """Put ``marker`` in the memo ``slots`` (filled ones) of an unpickler that is between
+    two pickles of the stream."""
+    puts = b"".join(b"r" + s.to_bytes(4, "little") for s in sorted(slots))
+    unpickler.run(reader, b"J\x00\x00\x00\x00Q" + puts + b"0", [marker])
 
 
 def load(
@@ -370,34 +336,43 @@ def load(
     namespace: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Unpickle every variable of a stream; return the values and, for those that could not
-    come back, the reason."""
+    come back, the reason (see :mod:`.salvage` for what a failure leaves usable)."""
     reader, feed = _Reader(data), _Buffers(buffers)
-    unpickler = pickle.Unpickler(reader, buffers=feed)
+    unpickler = _Loader(reader, buffers=feed)
     values: dict[str, Any] = {}
     missing: dict[str, str] = {}
-    salvage: _Salvage | None = None
+    damage: salvage.Damage | None = None
     token = _pickler.target_namespace.set(namespace)
     try:
-        for i, (name, (start, _, first)) in enumerate(zip(names, parts, strict=True)):
-            reason = salvage.blocker(i) if salvage else None
-            if reason is None:
-                reader.pos, feed.index = start, first
-                try:
-                    values[name] = unpickler.load()
-                    unpickler.load()  # the probe
-                    continue
-                except Exception as exc:
-                    reason = f"{type(exc).__name__}: {exc}"
-            missing[name] = reason
+        for i, (name, (start, _, first, *_)) in enumerate(zip(names, parts, strict=True)):
+            reader.pos, feed.index = start, first
+            before = damage.counts() if damage else []
             try:
-                salvage = salvage or _Salvage.scan(data, parts)
-            except Exception:  # a stream that does not parse: nothing after is trusted
-                missing.update((later, reason) for later in names[i + 1 :])
-                break
-            memo = unpickler.memo.copy()
-            salvage.poison(i, memo, reason)
-            # A fresh unpickler: the failed one may hold the rest of a frame it was reading.
-            unpickler = _refilled(memo, reader, feed)
+                value = unpickler.load()
+                unpickler.load()  # the probe
+            except Exception as exc:
+                # one that took in what an earlier failure left fails for the same reason
+                picked = damage.picked_up(before) if damage else None
+                missing[name] = picked.reason if picked else f"{type(exc).__name__}: {exc}"
+                memo = unpickler.memo.copy()
+                try:
+                    damage = damage or salvage.Damage(data, parts)
+                    damage.failed(i, name, memo, buffers, missing[name])
+                except Exception:  # a stream that does not parse: nothing after is trusted
+                    missing.update((later, missing[name]) for later in names[i + 1 :])
+                    break
+                # A fresh unpickler: the failed one may hold the rest of a frame it was reading.
+                unpickler = _refilled(memo, reader, feed)
+                del memo
+                continue
+            marker = damage.picked_up(before) if damage else None
+            if marker is None:
+                values[name] = value
+                continue
+            del value
+            missing[name] = marker.reason
+            assert damage is not None
+            _poison(unpickler, reader, damage.tainted(i), marker)
     finally:
         _pickler.target_namespace.reset(token)
     return values, missing

@@ -17,7 +17,14 @@ from ..store import ImageStore, check_ref
 from ..store.progress import Progress
 from . import background
 from .activity import background_work as background_work
-from .state import apply_kernel_facts, kernel_facts, kernel_id, user_variables
+from .state import (
+    apply_kernel_facts,
+    defining_cells,
+    expand_history,
+    kernel_facts,
+    kernel_id,
+    user_variables,
+)
 
 
 def _default_name() -> str:
@@ -50,11 +57,14 @@ class KernelSession:
             self._store = ImageStore(config=self.shell.config)
         return self._store
 
-    def save(self, name: str | None = None, progress: str | None = None) -> dict[str, Any]:
+    def save(
+        self, name: str | None = None, progress: str | None = None, verify: bool = False
+    ) -> dict[str, Any]:
         """Write an image; a failure comes back as ``{"error": why}``, not raised. An
         exception would stay in ``sys.last_traceback`` (IPython keeps the last one), and
         with it every copy the failed save's frames held. ``progress``: a file to keep
-        the bytes written in (see :mod:`jupyter_ckpt.store.progress`)."""
+        the bytes written in (see :mod:`jupyter_ckpt.store.progress`). ``verify``: load
+        the image back first; a variable that would not load is reported as not saved."""
         started = time.perf_counter()
         background.collect(self)  # a finished autosave's image is the parent
         try:
@@ -69,6 +79,7 @@ class KernelSession:
                 kernel=kernel_facts(self.shell),
                 parent=self.last_image,
                 buffer_bytes=self.store.buffer_bytes,
+                verify=verify,
             )
         except Exception as exc:
             return {"error": _describe(exc)}
@@ -80,7 +91,9 @@ class KernelSession:
             if v["status"] == "lost" and v["name"] in namespace
         }
         self.last_bytes = manifest["sizes"]["logical"]
-        return summarize_save(manifest, time.perf_counter() - started)
+        summary = summarize_save(manifest, time.perf_counter() - started)
+        parsed = self.shell.history_manager.input_hist_parsed
+        return {**summary, "cells": defining_cells(parsed, summary["lost"])}
 
     def still_unsaveable(self) -> list[str]:
         """The variables the last save could not write that still hold the same values:
@@ -102,6 +115,8 @@ class KernelSession:
         segments = self.store.read_segments(manifest, Progress(progress))
         report = image.restore(manifest, segments, self.shell.user_ns, map_location=map_location)
         segments.progress.finish()
+        history = manifest.get("kernel", {}).get("history")
+        cells = defining_cells(expand_history(history)[1], report.missing) if history else {}
         report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
@@ -110,6 +125,7 @@ class KernelSession:
             "id": manifest["id"],
             "name": manifest["name"],
             **report.to_json(),
+            "cells": cells,  # what to re-run to make a missing variable again
             "seconds": time.perf_counter() - started,
         }
 
@@ -130,6 +146,7 @@ def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
         "bytes": manifest["sizes"]["logical"],
         "written": manifest["sizes"]["written"],
         "seconds": seconds,
+        "verify_seconds": manifest.get("verify_seconds"),
         # the number of the next cell: cells from it on ran after the image
         "execution_count": manifest["kernel"].get("execution_count"),
     }
@@ -152,7 +169,10 @@ def session() -> KernelSession:
 
 
 def checkpoint(name: str | None = None, progress: str | None = None) -> dict[str, Any]:
-    return session().save(name, progress)
+    """The server's save, before a suspend or a server stop (and on request): verified,
+    so that a variable reported saved is one that loads, and a kernel whose variables
+    would not all come back is kept running under ``on_unsaveable = "keep"``."""
+    return session().save(name, progress, verify=True)
 
 
 def restore(

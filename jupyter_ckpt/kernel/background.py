@@ -172,7 +172,7 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
     blocker = fork_blocker()
     if blocker is not None:
         started = time.perf_counter()
-        summary = session.save(name)
+        summary = session.save(name, verify=True)
         stall = time.perf_counter() - started
         return {"state": "done", "mode": "blocking", "reason": blocker, "stall": stall, **summary}
     need = state_bytes(session)
@@ -248,6 +248,7 @@ def _save(session: Any, name: str) -> dict[str, Any]:
             kernel=kernel_facts(session.shell),
             parent=session.last_image,
             buffer_bytes=store.buffer_bytes,
+            verify=True,  # the child's own copy of the state: the kernel does not wait
         )
     except Exception as exc:
         return {"error": _describe(exc)}

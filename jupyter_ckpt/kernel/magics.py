@@ -25,7 +25,11 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="%ckpt", description="Checkpoint this kernel's variables.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("save", help="write an image of the namespace").add_argument("name", nargs="?")
+    save = sub.add_parser("save", help="write an image of the namespace")
+    save.add_argument("name", nargs="?")
+    save.add_argument(
+        "--verify", action="store_true", help="load the image back: report what would not load"
+    )
     restore = sub.add_parser("restore", help="bring an image's variables back")
     restore.add_argument("ref", metavar="NAME|ID")
     restore.add_argument(
@@ -42,10 +46,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _not_back(missing: dict[str, str], verb: str) -> list[str]:
+def _not_back(missing: dict[str, str], verb: str, cells: dict[str, int]) -> list[str]:
+    """The variables not saved or restored, why, and which cells make them again."""
     if not missing:
         return []
-    return [f"Not {verb} ({len(missing)}):", *(f"  {n}: {why}" for n, why in missing.items())]
+    lines = [f"Not {verb} ({len(missing)}):", *(f"  {n}: {why}" for n, why in missing.items())]
+    by_cell: dict[int, list[str]] = {}
+    for name in missing:
+        if name in cells:
+            by_cell.setdefault(cells[name], []).append(name)
+    if by_cell:
+        cells_names = sorted(by_cell.items())
+        again = "; ".join(f"In [{n}] for {', '.join(names)}" for n, names in cells_names)
+        lines.append(f"To make them again, re-run {again}")
+    return lines
 
 
 @magics_class
@@ -66,14 +80,16 @@ class CkptMagics(Magics):
             print(f"%ckpt {args.command}: {exc}")
 
     def _save(self, args: Any) -> list[str]:
-        r = session().save(args.name)
+        r = session().save(args.name, verify=args.verify)
         if "error" in r:
             return [f"%ckpt save: {r['error']} (nothing was saved; the variables are unchanged)"]
+        verified = r.get("verify_seconds")
         lines = [
             f"Saved {len(r['saved'])} variables as '{r['name']}' ({r['id'][:12]}): "
             f"{human_bytes(r['bytes'])}, {human_bytes(r['written'])} new, {r['seconds']:.2f} s"
+            + (f", loaded back in {verified:.2f} s" if verified is not None else "")
         ]
-        lines += _not_back(r["lost"], "saved")
+        lines += _not_back(r["lost"], "saved", r.get("cells", {}))
         if r["excluded"]:
             lines.append(f"Excluded: {', '.join(r['excluded'])}")
         return lines
@@ -84,7 +100,7 @@ class CkptMagics(Magics):
             f"Restored {len(r['restored'])} variables from '{r['name']}' ({r['id'][:12]}) "
             f"in {r['seconds']:.2f} s"
         ]
-        lines += _not_back(r["missing"], "restored")
+        lines += _not_back(r["missing"], "restored", r.get("cells", {}))
         lines += [f"Warning: {w}" for w in r["warnings"]]
         return lines
 

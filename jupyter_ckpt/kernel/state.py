@@ -5,8 +5,10 @@ history; and which names in the namespace are the user's.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
+from collections.abc import Iterable
 from pathlib import PurePath
 from typing import Any
 
@@ -151,3 +153,38 @@ def kernel_id() -> str | None:
         return None
     match = re.match(r"kernel-(.+)\.json$", stem)
     return match.group(1) if match else None
+
+
+def defining_cells(cells: list[str], names: Iterable[str]) -> dict[str, int]:
+    """For each of ``names``, the number of the last cell (``In [n]``: index ``n`` of the
+    parsed input history) that binds it at the top level: what to re-run to make it again."""
+    wanted, found = set(names), {}
+    for number in range(len(cells) - 1, 0, -1):
+        if not wanted - found.keys():
+            break
+        try:
+            tree = ast.parse(cells[number])
+        except (SyntaxError, ValueError):
+            continue
+        for name in _bound(tree) & wanted - found.keys():
+            found[name] = number
+    return found
+
+
+_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _bound(node: ast.AST) -> set[str]:
+    """Names a cell binds at the top level (assignments, defs, classes, imports, loops),
+    not inside the functions, classes and comprehensions it defines."""
+    names: set[str] = set()
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(child.name)
+        elif isinstance(child, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).partition(".")[0] for a in child.names}
+        elif isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+            names.add(child.id)
+        elif not isinstance(child, _SCOPES):
+            names |= _bound(child)
+    return names
