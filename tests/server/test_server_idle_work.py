@@ -17,7 +17,8 @@ from tornado.httpclient import HTTPClientError
 from jupyter_ckpt.gpu import GpuProbe
 
 IDLE_TIMEOUT = 1.0
-STEPS = 50  # of 0.1 s: the work lasts 5 s, five idle timeouts
+CHECK_INTERVAL = 0.5  # the check window: each tick measures the kernel's threads over it
+STEPS = 50  # of 0.15 s: the work lasts 7.5 s, seven idle timeouts
 
 WORK = {
     "thread": (
@@ -36,7 +37,7 @@ WORK = {
         "        await asyncio.sleep(0.1)\n"
         "        step()\n"
         "asyncio.ensure_future(_fetch())\n",
-        "an asyncio task running `_fetch` is pending",
+        "an asyncio task running `_fetch` is pending (",
     ),
     "child process": (
         "import subprocess, sys\n"
@@ -53,7 +54,12 @@ import time
 from pathlib import Path
 STEPS, PROGRESS = {steps}, Path({progress!r})
 progress = {{"n": 0}}
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 def step():
+    spin(0.05)  # work: half of each step computes, half sleeps
     progress["n"] += 1
     PROGRESS.write_text(str(progress["n"]))
 """
@@ -64,7 +70,7 @@ async def tick_fast(manager: Any, monitor: Any) -> None:
     stops it with the extension)."""
     await monitor.stop()
     manager.policy.idle_timeout = IDLE_TIMEOUT
-    manager.policy.check_interval = 0.2
+    manager.policy.check_interval = CHECK_INTERVAL
     monitor.start()
 
 
@@ -143,6 +149,7 @@ async def test_threads_named_as_helpers_do_not_count(jp_fetch, connect, manager,
     helper = (
         "def _refill():\n"
         "    while True:\n"
+        "        spin(0.05)\n"
         "        time.sleep(0.05)\n"
         "threading.Thread(target=_refill, name='prefetch-0', daemon=True).start()\n"
     )
@@ -152,7 +159,7 @@ async def test_threads_named_as_helpers_do_not_count(jp_fetch, connect, manager,
 
     async def only_train_named() -> bool:
         blocked = (await status_of(jp_fetch, kernel_id))["blocked_by"]
-        return blocked == ["a thread started by `_train` is running"]
+        return [b.split(" (")[0] for b in blocked] == ["a thread started by `_train` is running"]
 
     await poll(only_train_named, what="the status to name _train alone")
     await kept_running_until_done(
@@ -225,7 +232,8 @@ async def test_suspend_now_sees_the_work_and_remains_the_users_choice(
     )
     r = await jp_fetch("api", "ckpt", "status", params={"kernel_id": kernel_id})
     (status,) = json.loads(r.body)["kernels"]
-    assert status["background_work"] == ["a thread started by `_train` is running"]
+    (work,) = status["background_work"]
+    assert work.startswith("a thread started by `_train` is running ("), work
     assert status["kernel_id"] == kernel_id and status["state"] == "running"
 
     with pytest.raises(HTTPClientError) as unknown:
@@ -266,13 +274,14 @@ async def test_idle_thread_pools_do_not_count_and_busy_ones_do(jp_fetch, connect
     kernel_id = await start_kernel(jp_fetch)
     client = await connect(kernel_id)
     await client.execute(
-        "import concurrent.futures, time\n"
+        SETUP.format(steps=STEPS, progress="unused") + "import concurrent.futures\n"
         "pool = concurrent.futures.ThreadPoolExecutor(3)\n"
         "assert [pool.submit(int, '1').result() for _ in range(3)] == [1, 1, 1]\n"
     )
     (status,) = await monitor.assess([kernel_id])
     assert status.background_work == []
-    await client.execute("job = pool.submit(time.sleep, 30)")
+    await client.execute("job = pool.submit(spin, 10)")
     (status,) = await monitor.assess([kernel_id])
-    assert status.background_work == ["a pool thread is running `sleep`"]
+    (work,) = status.background_work
+    assert work.startswith("a pool thread is running `spin` ("), work
     await client.execute("pool.shutdown(wait=False, cancel_futures=True)")
