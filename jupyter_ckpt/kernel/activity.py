@@ -78,11 +78,14 @@ def _thread_entry(thread: threading.Thread) -> tuple[str | None, str]:
 
 
 def _job(frame: FrameType | None) -> str | None:
-    """The outermost function on a stack that is neither the kernel's nor a pool's: the
-    job a worker thread runs now."""
-    job = None
+    """The job a worker thread runs now: the outermost function the notebook defined on
+    its stack, else the outermost that is neither the kernel's nor a pool's (a library's
+    wrapper around the job, such as joblib's batches, comes after the notebook's own)."""
+    job = notebook_job = None
     while frame is not None:
         module = _frame_module(frame)
+        if module == "__main__":
+            notebook_job = frame.f_code.co_name
         if not _in(module, POOL_MODULES) and not _in(module, KERNEL_PACKAGES):
             job = frame.f_code.co_name  # keep the outermost: the job itself
         elif module == "concurrent.futures.thread" and frame.f_code.co_name == "run":
@@ -90,20 +93,21 @@ def _job(frame: FrameType | None) -> str | None:
             item = frame.f_locals.get("self")
             job = job or _describe_function(getattr(item, "fn", None))
         frame = frame.f_back
-    return job
+    return notebook_job or job
 
 
-def describe_thread(thread: threading.Thread, frame: FrameType | None) -> str:
+def describe_thread(thread: threading.Thread, frame: FrameType | None) -> str | None:
     """What a thread runs, in words: by its target when the user's code started it, else by
-    the user function on its stack (a pool's or IPython's or anyio's worker), else as the
-    kernel's own."""
+    the user function on its stack (a pool's or IPython's or anyio's worker). None for a
+    thread that runs the kernel's code only (IOPub, history, a pool waiting for a job):
+    what it does is the kernel answering, not work."""
     module, name = _thread_entry(thread)
     if not _in(module, POOL_MODULES) and not _in(module, KERNEL_PACKAGES):
         return f"a thread started by `{name}` is running"
     job = _job(frame)
     if job is not None:
         return f"a {'pool ' if _in(module, POOL_MODULES) else ''}thread is running `{job}`"
-    return f"the kernel's thread `{thread.name}` is running"
+    return None
 
 
 def _ignored(thread: threading.Thread, ignore: list[str] | tuple[str, ...]) -> bool:
@@ -112,16 +116,15 @@ def _ignored(thread: threading.Thread, ignore: list[str] | tuple[str, ...]) -> b
 
 
 def user_threads() -> list[str]:
-    """The live threads the user's code started, by entry point (what a fork of the kernel
-    cannot carry; see :mod:`.background`)."""
+    """The live threads the user's code started and the pool threads running a job, in
+    words (what a fork of the kernel cannot carry; see :mod:`.background`)."""
     frames = sys._current_frames()
-    return [
+    described = (
         describe_thread(thread, frames.get(thread.ident or -1))
         for thread in threading.enumerate()
-        if thread is not threading.main_thread()
-        and thread is not threading.current_thread()
-        and not _in(_thread_entry(thread)[0], KERNEL_PACKAGES)
-    ]
+        if thread is not threading.main_thread() and thread is not threading.current_thread()
+    )
+    return [d for d in described if d is not None]
 
 
 def _coroutine_module(task: asyncio.Task[Any]) -> str | None:
@@ -149,8 +152,9 @@ def pending_tasks() -> list[str]:
 
 
 def describe(tids: list[int], ignore: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """``{"threads": {native id: what it runs, or None for a helper matched by ``ignore``},
-    "tasks": [pending user tasks]}`` for the threads the server found busy."""
+    """``{"threads": {native id: what it runs, or None when that is not work (a helper
+    matched by ``ignore``, the kernel's own machinery)}, "tasks": [pending user tasks]}``
+    for the threads the server found busy."""
     frames = sys._current_frames()
     wanted = set(tids)
     threads: dict[str, str | None] = {}

@@ -35,8 +35,8 @@ from .manager import CkptManager, SuspendFailed
 # Retention also runs after every write; this catches images that age out meanwhile.
 RETENTION_EVERY_SECONDS = 3600
 GPU_WINDOW_SECONDS = 3
-# The shortest window a one-kernel status measures threads over: shorter ones would let
-# the kernel's own answer to a message look like work.
+# The window a one-kernel status measures threads over: long enough for a thread that
+# computes to show, short enough for the status to answer at once.
 MIN_WINDOW_SECONDS = 0.5
 UNSAVEABLE_ACTIONS = ("checkpoint", "suspend")
 
@@ -226,16 +226,15 @@ class IdleMonitor:
         return loads
 
     async def _measure_now(self, kernel_id: str) -> list[work.Load]:
-        """The kernel's busy threads from the last tick (or from now, when it has not
-        been measured) until now, over at least ``MIN_WINDOW_SECONDS``; the tick's
-        windows are left as they are."""
+        """The kernel's busy threads over the next ``MIN_WINDOW_SECONDS``: what it does
+        now, for a status of this kernel alone or right before a suspend (a window from
+        the last tick would dilute a thread started since). The tick's windows are left
+        as they are."""
         pid = self._kernel_pids.get(kernel_id)
-        before = self._samples.get(kernel_id)
-        if before is None or before.pid != pid:
-            before = work.sample(pid) if pid else None
-            if before is None:
-                return []
-        await asyncio.sleep(max(0.0, before.at + MIN_WINDOW_SECONDS - time.monotonic()))
+        before = work.sample(pid) if pid else None
+        if before is None:
+            return []
+        await asyncio.sleep(MIN_WINDOW_SECONDS)
         after = work.sample(before.pid)
         return self._loads(kernel_id, before, after) if after else []
 

@@ -150,7 +150,7 @@ def kernel_process(pid: int, children: dict[int, list[int]], connection_file: st
     return current
 
 
-def _short(cmdline: list[str], width: int = 40) -> str:
+def _short(cmdline: list[str], width: int = 60) -> str:
     """``python -c import time; ...``: the program's base name and the start of its args."""
     text = " ".join([os.path.basename(cmdline[0]), *cmdline[1:]])
     return text if len(text) <= width else text[: width - 3] + "..."
