@@ -241,7 +241,7 @@ class Table:
         self.rows.append((case, verdict, shown))
 
     def lines(self) -> Iterator[str]:
-        width = max(len(r[0]) for r in self.rows)
+        width = max((len(r[0]) for r in self.rows), default=0)
         yield f"\n{self.title}"
         for case, verdict, shown in self.rows:
             yield f"  {case:<{width}}  {verdict:<9}  {shown}"

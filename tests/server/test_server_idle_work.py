@@ -285,3 +285,51 @@ async def test_idle_thread_pools_do_not_count_and_busy_ones_do(jp_fetch, connect
     (work,) = status.background_work
     assert work.startswith("a pool thread is running `spin` ("), work
     await client.execute("pool.shutdown(wait=False, cancel_futures=True)")
+
+
+async def test_unsaveable_variables_say_wont_suspend_up_front(
+    jp_fetch, connect, manager, monitor, events
+):
+    """Under on_unsaveable=keep, a kernel whose last image left variables out would fail
+    every suspend: the status says so as soon as the image is written, instead of counting
+    down to an attempt that fails, and the monitor does not try. A new image without them
+    lifts it."""
+    kernel_id = await start_kernel(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute(
+        "import socket, threading\n"
+        "gen, sock, lock, x = (i for i in range(3)), socket.socket(), threading.Lock(), 1\n"
+    )
+
+    async def checkpoint() -> None:  # what an autosave does too
+        await jp_fetch("api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body="{}")
+
+    await checkpoint()
+    wont = "Won't suspend: gen, lock, sock cannot be saved"
+
+    async def status() -> dict[str, Any]:
+        return await status_of(jp_fetch, kernel_id)
+
+    async def first_blocker() -> str | None:
+        return next(iter((await status())["blocked_by"]), None)
+
+    # the image's event reaches the monitor through the server's event bus
+    assert await poll(first_blocker, what=wont) == wont
+    assert (await status())["seconds_until_suspend"] is None
+    manager.policy.idle_timeout = 0.1
+    assert await monitor.tick() == []
+    assert not [e for e in events if e["action"] == "suspend"], "a doomed suspend was tried"
+
+    manager.policy.on_unsaveable = "suspend"  # the user accepts the loss: nothing blocks
+    assert wont not in (await status())["blocked_by"]
+    manager.policy.on_unsaveable = "keep"
+
+    await client.execute("del gen, sock, lock")
+    await checkpoint()
+    km = manager.kernel_manager
+
+    async def suspended() -> bool:
+        await monitor.tick()
+        return km.is_suspended(kernel_id)
+
+    await poll(suspended, what="the suspension once the variables are gone")
