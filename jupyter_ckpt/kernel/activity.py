@@ -84,7 +84,7 @@ def _job(frame: FrameType | None) -> str | None:
     job = notebook_job = None
     while frame is not None:
         module = _frame_module(frame)
-        if module == "__main__":
+        if module == "__main__" and frame.f_code.co_name != "<module>":  # not a launcher
             notebook_job = frame.f_code.co_name
         if not _in(module, POOL_MODULES) and not _in(module, KERNEL_PACKAGES):
             job = frame.f_code.co_name  # keep the outermost: the job itself
@@ -159,7 +159,8 @@ def describe(tids: list[int], ignore: list[str] | tuple[str, ...] = ()) -> dict[
     wanted = set(tids)
     threads: dict[str, str | None] = {}
     for thread in threading.enumerate():
-        if thread.native_id in wanted:
+        # the main thread's load is its tasks': the server judges it by them
+        if thread.native_id in wanted and thread is not threading.main_thread():
             threads[str(thread.native_id)] = (
                 None
                 if _ignored(thread, ignore)

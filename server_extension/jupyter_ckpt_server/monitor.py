@@ -90,6 +90,9 @@ class IdleMonitor:
         self._samples: dict[str, work.Sample] = {}
         # kernel id -> the pid of the kernel itself (below any launcher)
         self._kernel_pids: dict[str, int] = {}
+        # kernel id -> thread id -> what the kernel said it runs (see work.names): a busy
+        # thread is named once, not asked about at every tick
+        self._names: dict[str, dict[str, str | None]] = {}
         # kernel id -> (when, the variables its last successful image left out)
         self._unsaveable: dict[str, tuple[datetime, list[str]]] = {}
 
@@ -132,6 +135,7 @@ class IdleMonitor:
             self._kernel_work,
             self._samples,
             self._kernel_pids,
+            self._names,
             self._unsaveable,
         ):
             for gone in table.keys() - set(running):
@@ -238,29 +242,44 @@ class IdleMonitor:
         after = work.sample(before.pid)
         return self._loads(kernel_id, before, after) if after else []
 
+    @property
+    def _asks(self) -> bool:
+        """Whether the kernel has anything to say: it names threads and tasks only."""
+        return bool({"threads", "tasks"} & set(self.manager.policy.background_work))
+
     def _wants_kernel_check(self, a: Assessment, loads: list[work.Load]) -> bool:
         """Ask the kernel only when its answer decides: nothing but its threads and tasks
-        blocks it, and some were busy in the window or it is due within a tick."""
-        if a.blocked_by != self._kernel_work.get(a.kernel_id, []):
+        blocks it, and it is due within a tick, or a thread it has not named yet (or its
+        main thread, for its tasks) was busy in the window."""
+        if not self._asks or a.blocked_by != self._kernel_work.get(a.kernel_id, []):
             return False
         soon = a.idle_seconds + self.manager.policy.check_interval >= a.idle_timeout
-        return soon or bool(loads)
+        known = self._names.get(a.kernel_id, {})
+        main = self._kernel_pids.get(a.kernel_id)
+        return soon or any(x.tid == main or str(x.tid) not in known for x in loads)
 
     async def _check_kernel(self, a: Assessment, loads: list[work.Load], ask: bool) -> None:
         """Replace ``a``'s threads and tasks with what the window found: named by the
-        kernel when ``ask``, else by thread id (the main thread's load, which is work only
-        while user tasks are pending, is then left for the next window)."""
+        kernel when ``ask``, else as it named them before (or by thread id)."""
         previous = self._kernel_work.pop(a.kernel_id, [])
         a.blocked_by = [b for b in a.blocked_by if b not in previous]
         a.background_work = [b for b in a.background_work if b not in previous]
         kernel_pid = self._kernel_pids.get(a.kernel_id, 0)
+        known = self._names.setdefault(a.kernel_id, {})
+        sample = self._samples.get(a.kernel_id)
+        for tid in [t for t in known if sample and int(t) not in sample.cpu]:
+            del known[tid]  # the thread ended: its id may come back for another
+        found: list[str] = []
         if ask:
-            answer = await work.ask_kernel(
-                self.manager, a.kernel_id, self.manager.policy, [load.tid for load in loads]
-            )
-            found = [answer] if isinstance(answer, str) else work.named(loads, answer, kernel_pid)
-        else:
-            found = work.named([x for x in loads if x.tid != kernel_pid], {}, kernel_pid)
+            tids = [load.tid for load in loads]
+            answer = await work.ask_kernel(self.manager, a.kernel_id, self.manager.policy, tids)
+            if isinstance(answer, str):
+                found = [answer]
+            else:
+                known.update(work.names([t for t in tids if t != kernel_pid], answer))
+                found = work.named(loads, known, answer.get("tasks", []), kernel_pid)
+        else:  # the main thread's load is work only with tasks: left for a window that asks
+            found = work.named([x for x in loads if x.tid != kernel_pid], known, [], kernel_pid)
         if found:
             self._kernel_work[a.kernel_id] = found
             a.background_work += found
@@ -285,7 +304,7 @@ class IdleMonitor:
         ]
 
         async def check(a: Assessment) -> None:
-            await self._check_kernel(a, await self._measure_now(a.kernel_id), ask=True)
+            await self._check_kernel(a, await self._measure_now(a.kernel_id), ask=self._asks)
 
         await asyncio.gather(*(check(a) for a in askable))
         return assessments

@@ -207,21 +207,34 @@ def gpu_busy(usage: GpuUsage, threshold: int) -> list[str]:
     ]
 
 
-def named(loads: list[Load], answer: dict[str, Any], kernel_pid: int) -> list[str]:
-    """The busy threads and working tasks in words, from the kernel's ``answer`` (see
-    :func:`jupyter_ckpt.kernel.activity.describe`): each busy Python thread by what it
-    runs (helpers the policy ignores left out), the threads Python does not know (native
-    code: BLAS, OpenMP, a C extension's workers) together; the main thread's load is the
-    pending tasks'."""
-    names: dict[str, str | None] = answer.get("threads", {})
+# what :func:`names` keeps for a thread Python does not know (native code)
+NATIVE = ""
+
+
+def names(tids: list[int], answer: dict[str, Any]) -> dict[str, str | None]:
+    """What each thread of ``tids`` runs, from the kernel's ``answer`` (see
+    :func:`jupyter_ckpt.kernel.activity.describe`): words, None when it is not work (a
+    helper the policy ignores, the kernel's own machinery), ``NATIVE`` for a thread
+    Python does not know (BLAS, OpenMP, a C extension's workers)."""
+    known: dict[str, str | None] = answer.get("threads", {})
+    return {str(tid): known.get(str(tid), NATIVE) for tid in tids}
+
+
+def named(
+    loads: list[Load], known: dict[str, str | None], tasks: list[str], kernel_pid: int
+) -> list[str]:
+    """The busy threads and working tasks in words: each busy Python thread by what it
+    runs (see :func:`names`; one the kernel was not asked about by its id), native
+    threads together; the main thread's load is the pending ``tasks``'."""
     reasons, native = [], []
     for load in loads:
+        name = known.get(str(load.tid), f"a thread (id {load.tid}) is running")
         if load.tid == kernel_pid:
-            reasons += [f"{task} ({load})" for task in answer.get("tasks", [])]
-        elif str(load.tid) not in names:
+            reasons += [f"{task} ({load})" for task in tasks]
+        elif name == NATIVE:
             native.append(load)
-        elif names[str(load.tid)] is not None:
-            reasons.append(f"{names[str(load.tid)]} ({load})")
+        elif name is not None:
+            reasons.append(f"{name} ({load})")
     if native:
         busiest = max(native, key=lambda load: (load.cpu_percent, load.io_rate))
         count = f"{len(native)} threads are" if len(native) > 1 else "a thread is"
