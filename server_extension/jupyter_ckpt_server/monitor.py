@@ -218,7 +218,9 @@ class IdleMonitor:
     def _measure_all(self, assessments: list[Assessment]) -> dict[str, list[work.Load]]:
         """Each kernel's busy threads since the last tick; this tick starts the next
         window. (Runs in a worker thread: it reads /proc.)"""
-        loads = {}
+        loads: dict[str, list[work.Load]] = {}
+        if not self._asks:  # neither threads nor tasks count: nothing to measure
+            return loads
         for a in assessments:
             pid = self._kernel_pids.get(a.kernel_id)
             after = work.sample(pid) if pid else None
