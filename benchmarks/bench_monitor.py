@@ -2,15 +2,17 @@
 with 100 kernels at the default check_interval), with and without the background-work
 checks.
 
-Kernels are stand-ins holding real processes (``sh`` with a ``sleep`` child for half of
-them, a bare ``sleep`` for the rest), so the process-table pass sees a real process table
-and real children; NVML is answered by a stand-in reporting GPU memory and utilization for
-half of them, as on a busy GPU node. The tick is measured alone, on the stand-ins.
+Kernels are stand-ins holding real processes: each a Python process with ``--threads``
+threads (a kernel at rest has about ten: IOPub, heartbeat, control, history, ...), half
+of them with a ``sleep`` child, so that the tick measures real threads' CPU times and I/O
+counters and walks real process trees. NVML is answered by a stand-in reporting GPU
+memory and utilization for half of them, as on a busy GPU node. The tick is measured
+alone, on the stand-ins.
 
-The kernel-side check (threads and tasks) is a silent call into a real kernel; the monitor
-makes it only for kernels due within a tick or that had work at their last check. It is
-measured on ``--real`` real ipykernel kernels and scaled to every kernel of the run: the
-worst case, every kernel due at once.
+The kernel is asked (a silent call into a real kernel) only to name threads found busy
+and when it is due within a tick. The call is measured on ``--real`` real ipykernel
+kernels and scaled to every kernel of the run: the worst case, every kernel busy or due
+at once.
 
     python benchmarks/bench_monitor.py --kernels 100 --ticks 50 --real 3
 """
@@ -21,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -74,20 +77,37 @@ def stand_in_kernel(pid: int) -> Any:
         execution_state="idle",
         kernel_spec=SimpleNamespace(metadata={}),
         provisioner=SimpleNamespace(pid=pid),
+        # not in the stand-in's command line: every tick looks for the kernel below it
+        connection_file=f"/nonexistent/kernel-{pid}.json",
     )
 
 
-def start_stand_ins(kernels: int) -> list[subprocess.Popen[bytes]]:
-    """Half with a child process (as a kernel running a subprocess), half without."""
+STAND_IN = """
+import subprocess, sys, threading, time
+for _ in range(int(sys.argv[1]) - 1):
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+if sys.argv[2] == "child":
+    subprocess.Popen(["sleep", "600"])
+time.sleep(600)
+"""
+
+
+def start_stand_ins(kernels: int, threads: int) -> list[subprocess.Popen[bytes]]:
+    """Python processes with ``threads`` threads; half with a child process (as a kernel
+    running a subprocess), half without."""
     return [
-        subprocess.Popen(["sh", "-c", "sleep 600 & wait"] if i % 2 else ["sleep", "600"])
+        subprocess.Popen(
+            [sys.executable, "-S", "-c", STAND_IN, str(threads), "child" if i % 2 else "-"]
+        )
         for i in range(kernels)
     ]
 
 
-async def measure(kernels: int, ticks: int, store_dir: Path, kinds: list[str]) -> float:
+async def measure(
+    kernels: int, threads: int, ticks: int, store_dir: Path, kinds: list[str]
+) -> float:
     """CPU seconds per tick with ``background_work=kinds``."""
-    processes = start_stand_ins(kernels)
+    processes = start_stand_ins(kernels, threads)
     try:
         km = CkptKernelManager(root_dir=str(store_dir))
         for process in processes:
@@ -116,18 +136,26 @@ async def measure(kernels: int, ticks: int, store_dir: Path, kinds: list[str]) -
 
 
 async def kernel_side_cost(real: int, calls: int, store_dir: Path) -> tuple[float, float]:
-    """(server CPU seconds, wall seconds) of one kernel-side check, on real kernels."""
+    """(server CPU seconds, wall seconds) of one call that asks a kernel to name its busy
+    threads (here: its main thread and its pending tasks), on real kernels."""
     km = CkptKernelManager(root_dir=str(store_dir))
     store = ImageStore(url=str(store_dir / "store"), secret_file=str(store_dir / "s"))
     manager = CkptManager(policy=SuspendPolicy(), store=store, kernel_manager=km)
     ids = [await km.start_kernel(kernel_name="python3") for _ in range(real)]
     try:
+        pids = {k: manager.kernel_pid(k) or 0 for k in ids}
+
+        def ask(kernel_id: str) -> Any:
+            return work.ask_kernel(manager, kernel_id, manager.policy, [pids[kernel_id]])
+
         for kernel_id in ids:
             await manager._wait_ready(kernel_id)
-            assert await work.kernel_side(manager, kernel_id, manager.policy) == []
+            await manager.kernel_call(kernel_id, "describe([])", 60)  # imports, once
+            answer = await ask(kernel_id)
+            assert answer == {"threads": {}, "tasks": []}, answer
         cpu, wall = time.process_time(), time.perf_counter()
         for _ in range(calls):
-            await asyncio.gather(*(work.kernel_side(manager, k, manager.policy) for k in ids))
+            await asyncio.gather(*(ask(k) for k in ids))
         n = calls * real
         return (time.process_time() - cpu) / n, (time.perf_counter() - wall) / calls
     finally:
@@ -138,13 +166,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", type=int, default=100)
     parser.add_argument("--ticks", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=10, help="threads per stand-in")
     parser.add_argument("--real", type=int, default=3, help="real kernels for the call cost")
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
     interval = SuspendPolicy().check_interval
     with tempfile.TemporaryDirectory() as tmp:
-        before = asyncio.run(measure(args.kernels, args.ticks, Path(tmp), []))
-        after = asyncio.run(measure(args.kernels, args.ticks, Path(tmp), list(BACKGROUND_KINDS)))
+        kinds = list(BACKGROUND_KINDS)
+        before = asyncio.run(measure(args.kernels, args.threads, args.ticks, Path(tmp), []))
+        after = asyncio.run(measure(args.kernels, args.threads, args.ticks, Path(tmp), kinds))
         call_cpu, call_wall = asyncio.run(kernel_side_cost(args.real, args.calls, Path(tmp)))
     worst = after + args.kernels * call_cpu
 
@@ -153,10 +183,11 @@ def main() -> None:
 
     print(f"kernels                                 {args.kernels}")
     print(f"tick, checks off (background_work=[]) {before * 1000:8.2f} ms CPU  {share(before)}")
-    print(f"tick, children+gpu (nothing due)        {after * 1000:8.2f} ms CPU  {share(after)}")
+    print(f"threads per kernel                      {args.threads}")
+    print(f"tick, all checks (nothing busy or due)  {after * 1000:8.2f} ms CPU  {share(after)}")
     print(f"kernel-side check, per kernel           {call_cpu * 1000:8.2f} ms CPU (server)")
     print(f"kernel-side check, {args.real} at once, wall       {call_wall * 1000:8.2f} ms")
-    print(f"tick, every kernel due (worst case)     {worst * 1000:8.2f} ms CPU  {share(worst)}")
+    print(f"tick, every kernel asked (worst case)   {worst * 1000:8.2f} ms CPU  {share(worst)}")
     print(f"ratio nothing due / checks off          {after / before:8.2f}")
     print(f"ratio worst case / checks off           {worst / before:8.2f}")
     print(f"check_interval                          {interval:g} s")

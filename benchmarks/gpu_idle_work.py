@@ -68,7 +68,7 @@ async def run(seconds: float, idle_timeout: float, tmp: Path) -> None:
         await manager._wait_ready(kernel_id)
         code = LOOP.format(seconds=seconds)
         started = time.monotonic()
-        await manager.kernel_call(kernel_id, "background_work()", 30)  # the kernel answers
+        await manager.kernel_call(kernel_id, "describe([])", 30)  # the kernel answers
         reply = await manager._request(kernel_id, "execute", 120, code=code, silent=False)
         if reply.get("status") != "ok":
             fail(f"the CUDA loop did not start: {reply.get('evalue')}")
@@ -78,6 +78,8 @@ async def run(seconds: float, idle_timeout: float, tmp: Path) -> None:
                 fail(f"suspended {time.monotonic() - started:.1f} s into {seconds} s of GPU work")
             (a,) = await monitor.assess([kernel_id])
             busy_seen += [b for b in a.blocked_by if b.startswith("GPU ")]
+            # the loop's thread, measured: CUDA's synchronize spins or sleeps by driver setting
+            print(f"threads: {[b for b in a.background_work if 'thread' in b]}")
             if busy_seen and not gpu_alone:  # the GPU check alone also keeps it
                 policy.background_work = ["gpu"]
                 (b,) = await monitor.assess([kernel_id])

@@ -382,7 +382,21 @@ MUTANTS = [
     Mutant(
         "children-ignored",
         f"{SERVER}/monitor.py",
-        '        if "children" in kinds and pid:\n',
+        '            if "children" in kinds:\n',
+        "            if False:\n",
+        (IDLE_WORK,),
+    ),
+    Mutant(
+        "threads-not-measured",
+        f"{SERVER}/monitor.py",
+        "            for load in work.busy_threads(before, after, self.manager.policy)\n",
+        "            for load in []\n",
+        (IDLE_WORK,),
+    ),
+    Mutant(
+        "unsaveable-not-said",
+        f"{SERVER}/monitor.py",
+        '        if unsaveable and policy.on_unsaveable == "keep":\n',
         "        if False:\n",
         (IDLE_WORK,),
     ),

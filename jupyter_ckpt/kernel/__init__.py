@@ -1,6 +1,6 @@
 """The kernel side: what `%ckpt` and the server run inside a kernel.
 
-The server calls :func:`checkpoint`, :func:`restore` and :func:`background_work` through a
+The server calls :func:`checkpoint`, :func:`restore` and :func:`describe` through a
 silent execute and reads their JSON-able results; it never unpickles user objects itself.
 """
 
@@ -16,7 +16,7 @@ from ..errors import CkptError
 from ..store import ImageStore, check_ref
 from ..store.progress import Progress
 from . import background
-from .activity import background_work as background_work
+from .activity import describe as describe
 from .state import (
     apply_kernel_facts,
     defining_cells,

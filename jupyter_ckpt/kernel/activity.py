@@ -1,13 +1,13 @@
-"""Background work inside the kernel: user threads and asyncio tasks still running.
+"""Background work inside the kernel, in words: what a busy thread runs, which of the
+user's asyncio tasks are pending.
 
-Jupyter calls a kernel idle when no cell executes, but a cell may have left a training
-thread or an asyncio task running. The server asks :func:`background_work` (a silent call,
-once per monitor tick) before it suspends a kernel. It reads thread and task objects and
-the names of the functions they run; it never touches user objects.
-
-The kernel's own threads and tasks (IOPub, heartbeat, control, shell channel, history,
-parent poller, ipykernel's tasks) are told apart by the module of the function they run,
-so that a new ipykernel thread is recognised without a list of thread names.
+Whether a thread works is measured by the server, from outside (its CPU time and I/O over
+the check window, see ``jupyter_ckpt_server.work``): who started a thread says nothing
+about it (IPython's ``BackgroundJobManager`` and anyio run training loops in threads of
+their own; tqdm and logging leave threads that sleep for the kernel's whole life). The
+server then asks :func:`describe` (a silent call) to name the threads it found busy. It
+reads thread and task objects and the names of the functions they run; it never touches
+user objects.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import threading
 from types import FrameType
 from typing import Any
 
-# Packages that make up the kernel itself; threads and tasks running their code are the
-# kernel's, not the user's.
+# Packages that make up the kernel itself: a thread or task that runs only their code is
+# machinery (IOPub, heartbeat, control, history, ipykernel's tasks, a worker thread waiting
+# for a job); a user function found on its stack is what it runs.
 KERNEL_PACKAGES = (
     "ipykernel",
     "IPython",
@@ -39,8 +40,8 @@ KERNEL_PACKAGES = (
     "jupyter_ckpt",
 )
 
-# Thread pools: a worker waiting on its queue sits in these modules only and is idle; one
-# with a frame of any other module on its stack is running a job.
+# Thread pools and the standard library's waiting machinery: a worker's entry point, not
+# the job it runs.
 POOL_MODULES = (
     "threading",
     "queue",
@@ -51,6 +52,7 @@ POOL_MODULES = (
     "multiprocessing.connection",
     "multiprocessing.dummy",
     "selectors",
+    "asyncio",
 )
 
 
@@ -75,12 +77,15 @@ def _thread_entry(thread: threading.Thread) -> tuple[str | None, str]:
     return cls.__module__, cls.__qualname__
 
 
-def _pool_job(frame: FrameType | None) -> str | None:
-    """The function a pool worker runs now, or None when it waits for a job."""
-    job = None
+def _job(frame: FrameType | None) -> str | None:
+    """The job a worker thread runs now: the outermost function the notebook defined on
+    its stack, else the outermost that is neither the kernel's nor a pool's (a library's
+    wrapper around the job, such as joblib's batches, comes after the notebook's own)."""
+    job = notebook_job = None
     while frame is not None:
         module = _frame_module(frame)
-        # ipykernel 6 wraps every thread's run (to route its output): machinery too
+        if module == "__main__" and frame.f_code.co_name != "<module>":  # not a launcher
+            notebook_job = frame.f_code.co_name
         if not _in(module, POOL_MODULES) and not _in(module, KERNEL_PACKAGES):
             job = frame.f_code.co_name  # keep the outermost: the job itself
         elif module == "concurrent.futures.thread" and frame.f_code.co_name == "run":
@@ -88,28 +93,38 @@ def _pool_job(frame: FrameType | None) -> str | None:
             item = frame.f_locals.get("self")
             job = job or _describe_function(getattr(item, "fn", None))
         frame = frame.f_back
-    return job
+    return notebook_job or job
 
 
-def busy_threads(ignore: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """Why each live user thread counts as work ("a thread started by `_train`...")."""
+def describe_thread(thread: threading.Thread, frame: FrameType | None) -> str | None:
+    """What a thread runs, in words: by its target when the user's code started it, else by
+    the user function on its stack (a pool's or IPython's or anyio's worker). None for a
+    thread that runs the kernel's code only (IOPub, history, a pool waiting for a job):
+    what it does is the kernel answering, not work."""
+    module, name = _thread_entry(thread)
+    if not _in(module, POOL_MODULES) and not _in(module, KERNEL_PACKAGES):
+        return f"a thread started by `{name}` is running"
+    job = _job(frame)
+    if job is not None:
+        return f"a {'pool ' if _in(module, POOL_MODULES) else ''}thread is running `{job}`"
+    return None
+
+
+def _ignored(thread: threading.Thread, ignore: list[str] | tuple[str, ...]) -> bool:
+    names = (thread.name, _thread_entry(thread)[1])
+    return any(fnmatch.fnmatchcase(n, p) for p in ignore for n in names)
+
+
+def user_threads() -> list[str]:
+    """The live threads the user's code started and the pool threads running a job, in
+    words (what a fork of the kernel cannot carry; see :mod:`.background`)."""
     frames = sys._current_frames()
-    reasons = []
-    for thread in threading.enumerate():
-        if thread is threading.main_thread() or thread is threading.current_thread():
-            continue
-        module, name = _thread_entry(thread)
-        if _in(module, KERNEL_PACKAGES):
-            continue
-        if any(fnmatch.fnmatchcase(n, p) for p in ignore for n in (thread.name, name)):
-            continue
-        if _in(module, POOL_MODULES):
-            job = _pool_job(frames.get(thread.ident or -1))
-            if job is not None:
-                reasons.append(f"a pool thread is running `{job}`")
-            continue
-        reasons.append(f"a thread started by `{name}` is running")
-    return reasons
+    described = (
+        describe_thread(thread, frames.get(thread.ident or -1))
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and thread is not threading.current_thread()
+    )
+    return [d for d in described if d is not None]
 
 
 def _coroutine_module(task: asyncio.Task[Any]) -> str | None:
@@ -121,28 +136,34 @@ def _coroutine_module(task: asyncio.Task[Any]) -> str | None:
 
 
 def pending_tasks() -> list[str]:
-    """Why each pending asyncio task on the kernel's loop counts as work."""
+    """The user's pending asyncio tasks on the kernel's loop, in words."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # a kernel whose loop does not run this call
         return []
     current = asyncio.current_task(loop)
-    reasons = []
-    for task in asyncio.all_tasks(loop):
-        if task is current or task.done() or _in(_coroutine_module(task), KERNEL_PACKAGES):
-            continue
-        coro = task.get_coro()
-        reasons.append(f"an asyncio task running `{_describe_function(coro)}` is pending")
-    return sorted(reasons)
+    return sorted(
+        f"an asyncio task running `{_describe_function(task.get_coro())}` is pending"
+        for task in asyncio.all_tasks(loop)
+        if task is not current
+        and not task.done()
+        and not _in(_coroutine_module(task), KERNEL_PACKAGES)
+    )
 
 
-def background_work(
-    kinds: list[str] | tuple[str, ...] = ("threads", "tasks"), ignore: list[str] | tuple = ()
-) -> dict[str, list[str]]:
-    """The kernel-side background work of the asked ``kinds``, in words, by kind."""
-    found: dict[str, list[str]] = {}
-    if "threads" in kinds:
-        found["threads"] = busy_threads(ignore)
-    if "tasks" in kinds:
-        found["tasks"] = pending_tasks()
-    return found
+def describe(tids: list[int], ignore: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """``{"threads": {native id: what it runs, or None when that is not work (a helper
+    matched by ``ignore``, the kernel's own machinery)}, "tasks": [pending user tasks]}``
+    for the threads the server found busy."""
+    frames = sys._current_frames()
+    wanted = set(tids)
+    threads: dict[str, str | None] = {}
+    for thread in threading.enumerate():
+        # the main thread's load is its tasks': the server judges it by them
+        if thread.native_id in wanted and thread is not threading.main_thread():
+            threads[str(thread.native_id)] = (
+                None
+                if _ignored(thread, ignore)
+                else describe_thread(thread, frames.get(thread.ident or -1))
+            )
+    return {"threads": threads, "tasks": pending_tasks()}

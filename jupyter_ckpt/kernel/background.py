@@ -29,6 +29,7 @@ What a fork does not carry, and how the child lives with it:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -47,7 +48,7 @@ from .. import image
 from ..gpu import nvidia_device_open
 from ..image import devices
 from ..store import ImageStore
-from .activity import busy_threads
+from .activity import user_threads
 from .state import kernel_facts, user_variables
 
 # Seconds a child may run before its alarm kills it (the server gives up at its own
@@ -55,6 +56,9 @@ from .state import kernel_facts, user_variables
 DEFAULT_CHILD_TIMEOUT = 600
 # The child yields the CPU to the kernel: a cell the user runs meanwhile comes first.
 CHILD_NICENESS = 10
+# The child's process name (Linux's comm): the server's idle check tells it from the
+# user's own forks of the kernel, which are work.
+AUTOSAVE_PROCESS_NAME = "ckpt-autosave"
 
 
 @dataclass
@@ -186,7 +190,7 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
     directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)
     with open(os.path.join(directory, OWNER_FILE), "w") as f:
         f.write(str(os.getpid()))
-    threads = busy_threads()  # user threads: saved as they were at the fork
+    threads = user_threads()  # user threads: saved as they were at the fork
     started = time.perf_counter()
     gc.freeze()  # the child's collector must not write every object's page
     try:
@@ -213,6 +217,7 @@ def _child(session: Any, name: str, directory: str, timeout: float) -> None:
     """Write the image and leave. Runs in the forked child only."""
     status = 1
     try:
+        _name_process(AUTOSAVE_PROCESS_NAME)
         gc.disable()
         os.nice(CHILD_NICENESS)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the kernel
@@ -231,6 +236,12 @@ def _child(session: Any, name: str, directory: str, timeout: float) -> None:
         status = 0
     finally:
         os._exit(status)
+
+
+def _name_process(name: str) -> None:
+    """Set this process's name where the platform allows (Linux: prctl PR_SET_NAME)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)
 
 
 def _save(session: Any, name: str) -> dict[str, Any]:

@@ -77,6 +77,15 @@ export function describeKernel(
       ? `GPU ${formatBytes(gpuBytes)}`
       : 'GPU'
     : null;
+  // the server knows the kernel can never be suspended as it is: said first, as it is
+  const wont = (status.blocked_by ?? []).find(b => b.startsWith(WONT_SUSPEND));
+  if (wont) {
+    return {
+      state: 'blocked',
+      text: [gpu, wont].filter(Boolean).join(' · '),
+      title: `${wont}, so its state would be lost. Delete them or exclude them (\`%ckpt exclude NAME\`); the next save lifts this.`
+    };
+  }
   const failure =
     status.last_failure?.action === 'suspend' ? status.last_failure : null;
   const lost = Object.entries(failure?.lost ?? {});
@@ -113,6 +122,10 @@ const PHASES: Record<IProgress['phase'], string> = {
 export function progressText(progress: IProgress): string {
   return `${PHASES[progress.phase]} · ${formatBytes(progress.done)} of ${formatBytes(progress.total)}`;
 }
+
+/** How the server's reason begins when variables that cannot be saved (under
+ * `on_unsaveable = "keep"`) keep the kernel from ever being suspended. */
+const WONT_SUSPEND = "Won't suspend:";
 
 /** What the monitor's reasons (which name the settings behind them) say in plain words. */
 const PLAIN_BLOCKERS: [RegExp, string][] = [

@@ -77,6 +77,25 @@ describe('describeKernel', () => {
     expect(describeKernel(checkpointFailed, T0, T0).state).toBe('running');
   });
 
+  it('says up front that unsaveable variables keep the kernel from suspending', () => {
+    const wont = "Won't suspend: gen, lock, sock cannot be saved";
+    const s = running({
+      blocked_by: [wont, 'the kernel is busy'],
+      seconds_until_suspend: null,
+      last_failure: {
+        action: 'suspend',
+        reason: 'variables cannot be saved (on_unsaveable=keep): gen',
+        at: '2026-11-29T11:00:00Z',
+        lost: { gen: "TypeError: cannot pickle 'generator' object" }
+      }
+    });
+    expect(describeKernel(s, T0, T0)).toMatchObject({
+      state: 'blocked',
+      text: `GPU 12.3 GB · ${wont}`
+    });
+    expect(describeKernel(s, T0, T0).title).toContain('%ckpt exclude');
+  });
+
   it('names a variable that cannot be saved and what to do about it', () => {
     const failed = running({
       gpu: { holds_gpu: false },

@@ -84,6 +84,8 @@ class CkptExtensionApp(ExtensionApp):
             },
         )
         self.monitor = IdleMonitor(self.manager)
+        # what a written image left out decides whether the kernel can be suspended
+        event_logger.add_listener(schema_id=SCHEMA_ID, listener=self.monitor.on_event)
         self.autosaver = Autosaver(parent=self, manager=self.manager)
         self.service = CkptService(self.manager, self.monitor, self.serverapp.session_manager)
         self.settings.update(

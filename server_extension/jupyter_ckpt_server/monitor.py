@@ -2,15 +2,20 @@
 
 One tick asks NVML once for every process's GPU memory and utilization and reads the
 process table once (psutil); per kernel it then reads fields the server already keeps
-(``last_activity``, ``execution_state``, connections). Only kernels that are otherwise due
-within a tick, or had background work at their last check, are asked for their threads
-and tasks (a silent call of a few milliseconds), so 100 kernels cost little more than one
+(``last_activity``, ``execution_state``, connections), its child processes, and its
+threads' CPU time and I/O since the last tick (:mod:`.work`): the check window. The
+kernel is asked (a silent call of a few milliseconds) only to name threads found busy, and
+when it is due within a tick; so 100 kernels at rest cost little more than one
 (``benchmarks/bench_monitor.py``).
 
 Background work is activity: while the monitor sees it the kernel is not suspended, and
 its idle clock runs from the last moment the monitor saw the work (or the last message,
 whichever is later). A kernel whose training thread ends is thus suspended
 ``idle_timeout`` after the monitor last saw the thread, never mid-work.
+
+A kernel whose last image left variables out, under ``on_unsaveable = "keep"``, is never
+suspended: its status says so at once ("Won't suspend: gen cannot be saved") instead of
+counting down to a suspend that would fail.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from .manager import CkptManager, SuspendFailed
 # Retention also runs after every write; this catches images that age out meanwhile.
 RETENTION_EVERY_SECONDS = 3600
 GPU_WINDOW_SECONDS = 3
+# The window a one-kernel status measures threads over: long enough for a thread that
+# computes to show, short enough for the status to answer at once.
+MIN_WINDOW_SECONDS = 0.5
+UNSAVEABLE_ACTIONS = ("checkpoint", "suspend")
 
 
 @dataclass
@@ -61,6 +70,10 @@ class Assessment:
         return {**asdict(self), "seconds_until_suspend": self.seconds_until_suspend}
 
 
+def _unsaveable_text(names: list[str]) -> str:
+    return f"Won't suspend: {', '.join(names)} cannot be saved"
+
+
 class IdleMonitor:
     """Runs the policy over the running kernels; suspends the due ones."""
 
@@ -70,9 +83,18 @@ class IdleMonitor:
         self._retention_at = time.monotonic()
         # kernel id -> the last moment the monitor saw background work in it: an activity
         self._work_seen: dict[str, datetime] = {}
-        # kernel id -> the threads and tasks its last kernel-side check found (only kernels
-        # that had some: they are checked again every tick until they have none)
+        # kernel id -> the threads and tasks found working in its last window (only
+        # kernels that had some)
         self._kernel_work: dict[str, list[str]] = {}
+        # kernel id -> its threads at the last tick: where the next window starts
+        self._samples: dict[str, work.Sample] = {}
+        # kernel id -> the pid of the kernel itself (below any launcher)
+        self._kernel_pids: dict[str, int] = {}
+        # kernel id -> thread id -> what the kernel said it runs (see work.names): a busy
+        # thread is named once, not asked about at every tick
+        self._names: dict[str, dict[str, str | None]] = {}
+        # kernel id -> (when, the variables its last successful image left out)
+        self._unsaveable: dict[str, tuple[datetime, list[str]]] = {}
 
     def snapshot(self) -> GpuSnapshot:
         # GPU utilization over the last tick, so that work between two ticks is not
@@ -80,18 +102,44 @@ class IdleMonitor:
         window = max(self.manager.policy.check_interval, GPU_WINDOW_SECONDS)
         return self.manager.probe.snapshot(window)
 
+    async def on_event(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        """A jupyter_events listener: a written image names the variables it left out
+        (none: the kernel can be suspended again)."""
+        kernel_id = data.get("kernel_id")
+        written = data.get("action") in UNSAVEABLE_ACTIONS and data.get("status") == "success"
+        if written and kernel_id and "missing" in data:
+            self._unsaveable[kernel_id] = (datetime.now(timezone.utc), data["missing"])
+
+    def unsaveable(self, kernel_id: str) -> list[str]:
+        """The variables that keep the kernel from being suspended (on_unsaveable=keep):
+        those the newer of its last written image and its last failed attempt left out."""
+        when, names = self._unsaveable.get(kernel_id, (None, []))
+        failure = self.manager.events.failures.get(kernel_id) or {}
+        if failure.get("lost"):
+            failed_at = datetime.fromisoformat(failure["at"])
+            if when is None or failed_at >= when:
+                names = list(failure["lost"])
+        return sorted(names)
+
     def assess_all(
         self, snapshot: GpuSnapshot | None = None, kernel_ids: list[str] | None = None
     ) -> list[Assessment]:
         """The running kernels (all, or those of ``kernel_ids``) from one snapshot;
-        threads and tasks as last checked."""
+        threads and tasks as the last window found them."""
         km = self.manager.kernel_manager
         snapshot = snapshot or self.snapshot()
         now = datetime.now(timezone.utc)
         running = km.running_ids()
-        for gone in (self._work_seen.keys() | self._kernel_work.keys()) - set(running):
-            self._work_seen.pop(gone, None)
-            self._kernel_work.pop(gone, None)
+        for table in (
+            self._work_seen,
+            self._kernel_work,
+            self._samples,
+            self._kernel_pids,
+            self._names,
+            self._unsaveable,
+        ):
+            for gone in table.keys() - set(running):
+                table.pop(gone, None)
         chosen = running if kernel_ids is None else [k for k in running if k in kernel_ids]
         return [self._assess(k, km.get_kernel(k), snapshot, now) for k in chosen]
 
@@ -115,6 +163,9 @@ class IdleMonitor:
             gpu=usage.to_json(),
         )
         blocked = a.blocked_by
+        unsaveable = self.unsaveable(kernel_id)
+        if unsaveable and policy.on_unsaveable == "keep":
+            blocked.append(_unsaveable_text(unsaveable))
         if timeout == 0:
             blocked.append("idle suspension is off (idle_timeout=0)")
         if kernel.kernel_name in policy.exclude_kernel_names:
@@ -131,14 +182,16 @@ class IdleMonitor:
         if kernel_id in km.suspended or km.ckpt_states.get(kernel_id) == "suspending":
             blocked.append("a suspend or restore is in progress")
         kinds = policy.background_work
-        if "children" in kinds and pid:
-            tree = manager.probe.process_tree(pid, snapshot.children)
+        if pid:
             connection_file = getattr(kernel, "connection_file", "")
-            a.background_work += work.child_processes(pid, tree, connection_file)
+            kernel_pid = work.kernel_process(pid, snapshot.children, connection_file)
+            self._kernel_pids[kernel_id] = kernel_pid
+            if "children" in kinds:
+                a.background_work += work.child_processes(kernel_pid, snapshot.children)
         if "gpu" in kinds:
             a.background_work += work.gpu_busy(usage, policy.gpu_busy_percent)
         seen = bool(a.background_work)
-        # threads and tasks as the kernel's last check found them (then counted as seen)
+        # threads and tasks as the last window found them (then counted as seen)
         a.background_work += self._kernel_work.get(kernel_id, [])
         self._note_work(a, now, getattr(kernel, "last_activity", None) or now, seen)
         return a
@@ -152,20 +205,83 @@ class IdleMonitor:
         last = max(last_activity, self._work_seen.get(a.kernel_id, last_activity))
         a.idle_seconds = (now - last).total_seconds()
 
-    def _wants_kernel_check(self, a: Assessment) -> bool:
-        """Ask the kernel only when its answer decides: nothing else blocks it and it is
-        due within a tick, or it had threads or tasks at its last check."""
-        if a.blocked_by != self._kernel_work.get(a.kernel_id, []):
+    def _loads(self, kernel_id: str, before: work.Sample, after: work.Sample) -> list[work.Load]:
+        """The busy threads between two samples that the policy counts: the main
+        thread's load only for "tasks", the others' only for "threads"."""
+        kinds = self.manager.policy.background_work
+        return [
+            load
+            for load in work.busy_threads(before, after, self.manager.policy)
+            if ("tasks" if load.tid == after.pid else "threads") in kinds
+        ]
+
+    def _measure_all(self, assessments: list[Assessment]) -> dict[str, list[work.Load]]:
+        """Each kernel's busy threads since the last tick; this tick starts the next
+        window. (Runs in a worker thread: it reads /proc.)"""
+        loads: dict[str, list[work.Load]] = {}
+        if not self._asks:  # neither threads nor tasks count: nothing to measure
+            return loads
+        for a in assessments:
+            pid = self._kernel_pids.get(a.kernel_id)
+            after = work.sample(pid) if pid else None
+            before = self._samples.pop(a.kernel_id, None)
+            if after is None:
+                continue
+            self._samples[a.kernel_id] = after
+            loads[a.kernel_id] = self._loads(a.kernel_id, before, after) if before else []
+        return loads
+
+    async def _measure_now(self, kernel_id: str) -> list[work.Load]:
+        """The kernel's busy threads over the next ``MIN_WINDOW_SECONDS``: what it does
+        now, for a status of this kernel alone or right before a suspend (a window from
+        the last tick would dilute a thread started since). The tick's windows are left
+        as they are."""
+        pid = self._kernel_pids.get(kernel_id)
+        before = work.sample(pid) if pid else None
+        if before is None:
+            return []
+        await asyncio.sleep(MIN_WINDOW_SECONDS)
+        after = work.sample(before.pid)
+        return self._loads(kernel_id, before, after) if after else []
+
+    @property
+    def _asks(self) -> bool:
+        """Whether the kernel has anything to say: it names threads and tasks only."""
+        return bool({"threads", "tasks"} & set(self.manager.policy.background_work))
+
+    def _wants_kernel_check(self, a: Assessment, loads: list[work.Load]) -> bool:
+        """Ask the kernel only when its answer decides: nothing but its threads and tasks
+        blocks it, and it is due within a tick, or a thread it has not named yet (or its
+        main thread, for its tasks) was busy in the window."""
+        if not self._asks or a.blocked_by != self._kernel_work.get(a.kernel_id, []):
             return False
         soon = a.idle_seconds + self.manager.policy.check_interval >= a.idle_timeout
-        return soon or a.kernel_id in self._kernel_work
+        known = self._names.get(a.kernel_id, {})
+        main = self._kernel_pids.get(a.kernel_id)
+        return soon or any(x.tid == main or str(x.tid) not in known for x in loads)
 
-    async def _check_kernel(self, a: Assessment) -> None:
-        """Replace ``a``'s threads and tasks with a fresh answer from the kernel."""
+    async def _check_kernel(self, a: Assessment, loads: list[work.Load], ask: bool) -> None:
+        """Replace ``a``'s threads and tasks with what the window found: named by the
+        kernel when ``ask``, else as it named them before (or by thread id)."""
         previous = self._kernel_work.pop(a.kernel_id, [])
         a.blocked_by = [b for b in a.blocked_by if b not in previous]
         a.background_work = [b for b in a.background_work if b not in previous]
-        found = await work.kernel_side(self.manager, a.kernel_id, self.manager.policy)
+        kernel_pid = self._kernel_pids.get(a.kernel_id, 0)
+        known = self._names.setdefault(a.kernel_id, {})
+        sample = self._samples.get(a.kernel_id)
+        for tid in [t for t in known if sample and int(t) not in sample.cpu]:
+            del known[tid]  # the thread ended: its id may come back for another
+        found: list[str] = []
+        if ask:
+            tids = [load.tid for load in loads]
+            answer = await work.ask_kernel(self.manager, a.kernel_id, self.manager.policy, tids)
+            if isinstance(answer, str):
+                found = [answer]
+            else:
+                known.update(work.names([t for t in tids if t != kernel_pid], answer))
+                found = work.named(loads, known, answer.get("tasks", []), kernel_pid)
+        else:  # the main thread's load is work only with tasks: left for a window that asks
+            found = work.named([x for x in loads if x.tid != kernel_pid], known, [], kernel_pid)
         if found:
             self._kernel_work[a.kernel_id] = found
             a.background_work += found
@@ -175,8 +291,8 @@ class IdleMonitor:
         self._note_work(a, now, getattr(kernel, "last_activity", None) or now, bool(found))
 
     async def assess(self, kernel_ids: list[str] | None = None) -> list[Assessment]:
-        """Assess the running kernels (or those of ``kernel_ids``, each asked for its
-        threads and tasks now unless it is busy): what the status API shows."""
+        """Assess the running kernels (or those of ``kernel_ids``, each measured and asked
+        for its threads and tasks now unless it is busy): what the status API shows."""
         snapshot = await asyncio.to_thread(self.snapshot)
         assessments = self.assess_all(snapshot, kernel_ids)
         if kernel_ids is None:
@@ -188,15 +304,24 @@ class IdleMonitor:
             if a.execution_state not in ("busy", "starting")
             and km.ckpt_states.get(a.kernel_id) != "suspending"
         ]
-        await asyncio.gather(*(self._check_kernel(a) for a in askable))
+
+        async def check(a: Assessment) -> None:
+            await self._check_kernel(a, await self._measure_now(a.kernel_id), ask=self._asks)
+
+        await asyncio.gather(*(check(a) for a in askable))
         return assessments
 
     async def tick(self) -> list[str]:
         """Suspend every due kernel; the ids suspended. Failures are logged and evented
         by the manager, and the kernel keeps running."""
         assessments = self.assess_all(await asyncio.to_thread(self.snapshot))
+        loads = await asyncio.to_thread(self._measure_all, assessments)
         await asyncio.gather(
-            *(self._check_kernel(a) for a in assessments if self._wants_kernel_check(a))
+            *(
+                self._check_kernel(a, found, self._wants_kernel_check(a, found))
+                for a in assessments
+                for found in [loads.get(a.kernel_id, [])]
+            )
         )
         suspended = []
         for assessment in assessments:

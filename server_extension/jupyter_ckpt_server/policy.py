@@ -114,10 +114,26 @@ class SuspendPolicy(Configurable):
         Enum(BACKGROUND_KINDS),
         list(BACKGROUND_KINDS),
         help="""What counts as work in a kernel no cell is running, and keeps it from being
-        suspended: "threads" (live threads the user's code started), "tasks" (pending
-        asyncio tasks on the kernel's loop), "children" (child processes of the kernel),
-        "gpu" (the kernel's processes keep a GPU busy). The idle clock restarts when such
-        work ends. [] suspends on execution idleness alone.""",
+        suspended: "threads" (threads of the kernel that used busy_cpu_percent of a core
+        or moved busy_io_bytes_per_second over the last check window, whoever started
+        them), "tasks" (the user's pending asyncio tasks, while the kernel's main thread
+        is that busy), "children" (live child processes of the kernel: a suspend would
+        kill them), "gpu" (the kernel's processes keep a GPU busy). The idle clock
+        restarts when such work ends. [] suspends on execution idleness alone.""",
+    ).tag(config=True)
+
+    busy_cpu_percent = Float(
+        2,
+        help="""CPU time (% of one core) a thread must use over a check window to count as
+        work. A thread at rest (tqdm's monitor, a logging listener, a metrics writer, a
+        debugger waiting for its client) uses far less; one training a model far more.""",
+    ).tag(config=True)
+
+    busy_io_bytes_per_second = Int(
+        65536,
+        help="""Bytes per second a thread must read or write (files and pipes, as Linux
+        counts them per thread) over a check window to count as work: a download saved
+        to disk, a copy. A thread that only logs now and then stays below it.""",
     ).tag(config=True)
 
     background_thread_ignore = List(
@@ -176,6 +192,8 @@ class SuspendPolicy(Configurable):
         "stop_grace_period",
         "autosave_interval",
         "autosave_idle",
+        "busy_cpu_percent",
+        "busy_io_bytes_per_second",
     )
     def _non_negative(self, proposal: Any) -> Any:
         return _at_least(proposal, 0)

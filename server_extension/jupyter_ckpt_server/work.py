@@ -1,8 +1,20 @@
-"""Background work of a kernel that runs no cell, in words for ``blocked_by``.
+"""Background work of a kernel that runs no cell, judged by what its processes do.
 
-The server sees child processes and GPU utilization itself (from the tick's one psutil and
-NVML pass); threads and asyncio tasks only the kernel can see, so it is asked through a
-silent call of :func:`jupyter_ckpt.kernel.background_work`.
+Who started a thread says nothing about whether it works: a training loop may run in a
+thread that IPython or anyio started, and a library's monitor thread may sleep for the
+kernel's whole life. So the server measures, over each check window (the time between two
+ticks of the monitor), what the kernel's process tree consumes:
+
+- each thread's CPU time and bytes read and written (psutil's per-thread times, and Linux's
+  per-thread I/O counters): a thread above ``busy_cpu_percent`` or
+  ``busy_io_bytes_per_second`` works; one blocked or sleeping for the whole window does not;
+- the kernel's main thread runs the asyncio loop: its load is work only while the user's
+  asyncio tasks are pending there (otherwise it is the kernel answering messages);
+- a live child process always counts: suspending the kernel would kill it;
+- GPU utilization (NVML) of the whole tree.
+
+Only the kernel can say what a busy thread runs, so it is asked (a silent call of
+:func:`jupyter_ckpt.kernel.activity.describe`) to name the busy ones.
 """
 
 from __future__ import annotations
@@ -10,12 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from jupyter_ckpt.gpu import GpuUsage
+from jupyter_ckpt.kernel.background import AUTOSAVE_PROCESS_NAME
 
 from .policy import SuspendPolicy
 from .rpc import SuspendFailed
@@ -23,44 +38,162 @@ from .rpc import SuspendFailed
 if TYPE_CHECKING:
     from .manager import CkptManager
 
-KERNEL_SIDE_KINDS = ("threads", "tasks")
-
-# multiprocessing's own long-lived helpers wait for work for as long as the kernel lives
-IDLE_HELPERS = (
-    "multiprocessing.resource_tracker",
-    "multiprocessing.forkserver",
-    "multiprocessing.semaphore_tracker",
-)
+# multiprocessing's (and loky's) own long-lived helpers wait for work for as long as the
+# kernel lives; their children (a forkserver's workers) are work like any other
+IDLE_HELPERS = ("resource_tracker", "multiprocessing.forkserver", "semaphore_tracker")
 
 NO_ANSWER = "the kernel did not answer the activity check"
 
 
-def _short(cmdline: list[str], width: int = 40) -> str:
+@dataclass
+class Sample:
+    """Cumulative CPU seconds and I/O bytes of each thread of one process, at ``at``."""
+
+    pid: int
+    at: float
+    cpu: dict[int, float] = field(default_factory=dict)
+    io: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Load:
+    """What one thread consumed over a window: CPU (% of one core) and I/O (bytes/s)."""
+
+    tid: int
+    cpu_percent: float
+    io_rate: float
+
+    def __str__(self) -> str:
+        parts = []
+        if self.cpu_percent >= 0.5:
+            parts.append(f"{self.cpu_percent:.0f}% CPU")
+        if self.io_rate >= 1024:
+            parts.append(f"{_rate(self.io_rate)} I/O")
+        return ", ".join(parts) or "active"
+
+
+def _rate(bytes_per_second: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if bytes_per_second < 1000:
+            return f"{bytes_per_second:.0f} {unit}/s"
+        bytes_per_second /= 1000
+    return f"{bytes_per_second:.1f} GB/s"
+
+
+def _thread_io(pid: int, tid: int) -> int | None:
+    """Bytes the thread passed to read and write calls (files, pipes; not socket recv or
+    send), from Linux's per-thread counters; None where there are none."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/io", "rb") as f:
+            fields = f.read().split(b"\n", 2)  # rchar, wchar come first
+        return int(fields[0].split()[1]) + int(fields[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def sample(pid: int) -> Sample | None:
+    """The threads of ``pid`` now; None when the process is gone."""
+    try:
+        threads = psutil.Process(pid).threads()
+    except psutil.Error:
+        return None
+    taken = Sample(pid, time.monotonic())
+    for thread in threads:
+        taken.cpu[thread.id] = thread.user_time + thread.system_time
+        io = _thread_io(pid, thread.id)
+        if io is not None:
+            taken.io[thread.id] = io
+    return taken
+
+
+def busy_threads(before: Sample, after: Sample, policy: SuspendPolicy) -> list[Load]:
+    """The threads of ``after`` that worked since ``before``, by the policy's thresholds.
+    A thread born in the window brings all of its time."""
+    window = after.at - before.at
+    if window <= 0 or before.pid != after.pid:
+        return []
+    busy = []
+    for tid, cpu in after.cpu.items():
+        load = Load(
+            tid,
+            100 * (cpu - before.cpu.get(tid, 0.0)) / window,
+            (after.io.get(tid, 0) - before.io.get(tid, 0)) / window,
+        )
+        if (
+            load.cpu_percent >= policy.busy_cpu_percent
+            or load.io_rate >= policy.busy_io_bytes_per_second
+        ):
+            busy.append(load)
+    return busy
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    return process.cmdline() or [process.name()]
+
+
+def kernel_process(pid: int, children: dict[int, list[int]], connection_file: str) -> int:
+    """The kernel's own process. A kernel started through a wrapper (``conda run``, a
+    launcher script) is a descendant of the process the server started: going down from
+    it, each child given the kernel's connection file under another command line is the
+    next step. A fork of the kernel has the kernel's very command line: it is a child."""
+    current = pid
+    while connection_file and len(children.get(current, [])) > 0:
+        try:
+            cmdline = _cmdline(psutil.Process(current))
+        except psutil.Error:
+            return current
+        for child in children[current]:
+            with contextlib.suppress(psutil.Error):
+                below = _cmdline(psutil.Process(child))
+                if below != cmdline and connection_file in " ".join(below):
+                    current = child
+                    break
+        else:
+            return current
+    return current
+
+
+def _short(cmdline: list[str], width: int = 60) -> str:
     """``python -c import time; ...``: the program's base name and the start of its args."""
     text = " ".join([os.path.basename(cmdline[0]), *cmdline[1:]])
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def child_processes(kernel_pid: int, tree: set[int], connection_file: str) -> list[str]:
-    """``["2 child processes: python -c ...; sleep 5"]``, or [] when the kernel has none
-    (exited children not yet reaped and multiprocessing's helpers do not count). A kernel
-    started through a wrapper (``conda run``, a launcher script) is a child of the process
-    the server started: a process given the kernel's connection file is the kernel."""
+def _descendants(pid: int, children: dict[int, list[int]]) -> Iterable[tuple[int, int]]:
+    """(pid, its parent) of every process below ``pid``, parents first."""
+    todo = [pid]
+    while todo:
+        parent = todo.pop(0)
+        for child in sorted(children.get(parent, [])):
+            yield child, parent
+            todo.append(child)
+
+
+def child_processes(kernel_pid: int, children: dict[int, list[int]]) -> list[str]:
+    """``["2 child processes: python -c ...; sleep 5"]``, or [] when the kernel has none.
+    Every live child counts, however it was started (fork, spawn, forkserver, subprocess):
+    a suspend would kill it. Not counted: exited children not yet reaped, multiprocessing's
+    resource tracker and an idle forkserver (not their children), the kernel's autosave."""
+    try:
+        kernel_cmdline = _cmdline(psutil.Process(kernel_pid))
+    except psutil.Error:
+        return []
     shown = []
-    for pid in sorted(tree - {kernel_pid}):
+    for pid, parent in _descendants(kernel_pid, children):
         try:
             process = psutil.Process(pid)
             if process.status() == psutil.STATUS_ZOMBIE:
                 continue
-            cmdline = process.cmdline() or [process.name()]
+            if process.name() == AUTOSAVE_PROCESS_NAME:
+                continue
+            cmdline = _cmdline(process)
         except psutil.Error:  # gone meanwhile
             continue
         text = " ".join(cmdline)
-        if (connection_file and connection_file in text) or any(
-            helper in text for helper in IDLE_HELPERS
-        ):
+        if parent == kernel_pid and any(helper in text for helper in IDLE_HELPERS):
             continue
-        shown.append(_short(cmdline))
+        fork = cmdline == kernel_cmdline
+        shown.append(f"a fork of the kernel (pid {pid})" if fork else _short(cmdline))
     if not shown:
         return []
     more = "; ..." if len(shown) > 2 else ""
@@ -77,22 +210,55 @@ def gpu_busy(usage: GpuUsage, threshold: int) -> list[str]:
     ]
 
 
-async def kernel_side(manager: CkptManager, kernel_id: str, policy: SuspendPolicy) -> list[str]:
-    """The kernel's busy threads and pending tasks; a kernel that does not answer within
+# what :func:`names` keeps for a thread Python does not know (native code)
+NATIVE = ""
+
+
+def names(tids: list[int], answer: dict[str, Any]) -> dict[str, str | None]:
+    """What each thread of ``tids`` runs, from the kernel's ``answer`` (see
+    :func:`jupyter_ckpt.kernel.activity.describe`): words, None when it is not work (a
+    helper the policy ignores, the kernel's own machinery), ``NATIVE`` for a thread
+    Python does not know (BLAS, OpenMP, a C extension's workers)."""
+    known: dict[str, str | None] = answer.get("threads", {})
+    return {str(tid): known.get(str(tid), NATIVE) for tid in tids}
+
+
+def named(
+    loads: list[Load], known: dict[str, str | None], tasks: list[str], kernel_pid: int
+) -> list[str]:
+    """The busy threads and working tasks in words: each busy Python thread by what it
+    runs (see :func:`names`; one the kernel was not asked about by its id), native
+    threads together; the main thread's load is the pending ``tasks``'."""
+    reasons, native = [], []
+    for load in loads:
+        name = known.get(str(load.tid), f"a thread (id {load.tid}) is running")
+        if load.tid == kernel_pid:
+            reasons += [f"{task} ({load})" for task in tasks]
+        elif name == NATIVE:
+            native.append(load)
+        elif name is not None:
+            reasons.append(f"{name} ({load})")
+    if native:
+        busiest = max(native, key=lambda load: (load.cpu_percent, load.io_rate))
+        count = f"{len(native)} threads are" if len(native) > 1 else "a thread is"
+        reasons.append(f"{count} running native code (busiest: {busiest})")
+    return reasons
+
+
+async def ask_kernel(
+    manager: CkptManager, kernel_id: str, policy: SuspendPolicy, tids: list[int]
+) -> dict[str, Any] | str:
+    """What the kernel says its threads ``tids`` run and which user tasks are pending; a
+    reason (as a string) when it cannot say. A kernel that does not answer within
     ``activity_timeout`` counts as busy, never as idle."""
-    kinds = [k for k in KERNEL_SIDE_KINDS if k in policy.background_work]
-    km = manager.kernel_manager
-    if not kinds or not km.is_running(kernel_id):
-        return []
     timeout = min(policy.activity_timeout, policy.check_interval)
-    call = f"background_work({kinds!r}, {list(policy.background_thread_ignore)!r})"
+    call = f"describe({sorted(tids)!r}, {list(policy.background_thread_ignore)!r})"
     try:
-        found: dict[str, Any] = await quiet_call(manager, kernel_id, call, timeout)
-        return [reason for kind in kinds for reason in found.get(kind, [])]
+        return await quiet_call(manager, kernel_id, call, timeout)
     except asyncio.TimeoutError:
-        return [NO_ANSWER]
+        return NO_ANSWER
     except SuspendFailed as exc:  # an error in the kernel, or a kernel without jupyter_ckpt
-        return [f"the activity check failed: {exc}"]
+        return f"the activity check failed: {exc}"
 
 
 async def quiet_call(manager: CkptManager, kernel_id: str, call: str, timeout: float) -> Any:

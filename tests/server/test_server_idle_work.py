@@ -17,7 +17,8 @@ from tornado.httpclient import HTTPClientError
 from jupyter_ckpt.gpu import GpuProbe
 
 IDLE_TIMEOUT = 1.0
-STEPS = 50  # of 0.1 s: the work lasts 5 s, five idle timeouts
+CHECK_INTERVAL = 0.5  # the check window: each tick measures the kernel's threads over it
+STEPS = 50  # of 0.15 s: the work lasts 7.5 s, seven idle timeouts
 
 WORK = {
     "thread": (
@@ -36,7 +37,7 @@ WORK = {
         "        await asyncio.sleep(0.1)\n"
         "        step()\n"
         "asyncio.ensure_future(_fetch())\n",
-        "an asyncio task running `_fetch` is pending",
+        "an asyncio task running `_fetch` is pending (",
     ),
     "child process": (
         "import subprocess, sys\n"
@@ -53,7 +54,12 @@ import time
 from pathlib import Path
 STEPS, PROGRESS = {steps}, Path({progress!r})
 progress = {{"n": 0}}
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 def step():
+    spin(0.05)  # work: half of each step computes, half sleeps
     progress["n"] += 1
     PROGRESS.write_text(str(progress["n"]))
 """
@@ -64,7 +70,7 @@ async def tick_fast(manager: Any, monitor: Any) -> None:
     stops it with the extension)."""
     await monitor.stop()
     manager.policy.idle_timeout = IDLE_TIMEOUT
-    manager.policy.check_interval = 0.2
+    manager.policy.check_interval = CHECK_INTERVAL
     monitor.start()
 
 
@@ -145,6 +151,7 @@ async def test_threads_named_as_helpers_do_not_count(jp_fetch, connect, manager,
     helper = (
         "def _refill():\n"
         "    while True:\n"
+        "        spin(0.05)\n"
         "        time.sleep(0.05)\n"
         "threading.Thread(target=_refill, name='prefetch-0', daemon=True).start()\n"
     )
@@ -154,7 +161,7 @@ async def test_threads_named_as_helpers_do_not_count(jp_fetch, connect, manager,
 
     async def only_train_named() -> bool:
         blocked = (await status_of(jp_fetch, kernel_id))["blocked_by"]
-        return blocked == ["a thread started by `_train` is running"]
+        return [b.split(" (")[0] for b in blocked] == ["a thread started by `_train` is running"]
 
     await poll(only_train_named, what="the status to name _train alone")
     await kept_running_until_done(
@@ -170,10 +177,11 @@ async def test_a_busy_gpu_keeps_the_kernel(jp_fetch, connect, manager, monitor, 
     nvml.utilization = {0: [(manager.kernel_pid(kernel_id), 87)]}
     manager.probe = GpuProbe(nvml)
 
-    async def blocked() -> list[str]:
-        return (await status_of(jp_fetch, kernel_id))["blocked_by"]
+    async def blocked_by_gpu_alone() -> bool:
+        # (a kernel slow to answer its first check, under load, is busy meanwhile)
+        return (await status_of(jp_fetch, kernel_id))["blocked_by"] == ["GPU 0 is 87% busy"]
 
-    assert await poll(blocked, what="a blocker") == ["GPU 0 is 87% busy"]
+    await poll(blocked_by_gpu_alone, what="the busy GPU as the one blocker")
     manager.policy.gpu_busy_percent = 90  # 87% is below it now: not work
     await poll(lambda: any(e["action"] == "suspend" for e in events), what="the suspension")
     assert manager.records.get(kernel_id)["gpu"]["busy"] == {"0": 87}
@@ -227,7 +235,8 @@ async def test_suspend_now_sees_the_work_and_remains_the_users_choice(
     )
     r = await jp_fetch("api", "ckpt", "status", params={"kernel_id": kernel_id})
     (status,) = json.loads(r.body)["kernels"]
-    assert status["background_work"] == ["a thread started by `_train` is running"]
+    (work,) = status["background_work"]
+    assert work.startswith("a thread started by `_train` is running ("), work
     assert status["kernel_id"] == kernel_id and status["state"] == "running"
 
     with pytest.raises(HTTPClientError) as unknown:
@@ -268,13 +277,62 @@ async def test_idle_thread_pools_do_not_count_and_busy_ones_do(jp_fetch, connect
     kernel_id = await start_kernel(jp_fetch)
     client = await connect(kernel_id)
     await client.execute(
-        "import concurrent.futures, time\n"
+        SETUP.format(steps=STEPS, progress="unused") + "import concurrent.futures\n"
         "pool = concurrent.futures.ThreadPoolExecutor(3)\n"
         "assert [pool.submit(int, '1').result() for _ in range(3)] == [1, 1, 1]\n"
     )
     (status,) = await monitor.assess([kernel_id])
     assert status.background_work == []
-    await client.execute("job = pool.submit(time.sleep, 30)")
+    await client.execute("job = pool.submit(spin, 10)")
     (status,) = await monitor.assess([kernel_id])
-    assert status.background_work == ["a pool thread is running `sleep`"]
+    (work,) = status.background_work
+    assert work.startswith("a pool thread is running `spin` ("), work
     await client.execute("pool.shutdown(wait=False, cancel_futures=True)")
+
+
+async def test_unsaveable_variables_say_wont_suspend_up_front(
+    jp_fetch, connect, manager, monitor, events
+):
+    """Under on_unsaveable=keep, a kernel whose last image left variables out would fail
+    every suspend: the status says so as soon as the image is written, instead of counting
+    down to an attempt that fails, and the monitor does not try. A new image without them
+    lifts it."""
+    kernel_id = await start_kernel(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute(
+        "import socket, threading\n"
+        "gen, sock, lock, x = (i for i in range(3)), socket.socket(), threading.Lock(), 1\n"
+    )
+
+    async def checkpoint() -> None:  # what an autosave does too
+        await jp_fetch("api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body="{}")
+
+    await checkpoint()
+    wont = "Won't suspend: gen, lock, sock cannot be saved"
+
+    async def status() -> dict[str, Any]:
+        return await status_of(jp_fetch, kernel_id)
+
+    async def first_blocker() -> str | None:
+        return next(iter((await status())["blocked_by"]), None)
+
+    # the image's event reaches the monitor through the server's event bus
+    assert await poll(first_blocker, what=wont) == wont
+    assert (await status())["seconds_until_suspend"] is None
+    manager.policy.idle_timeout = 0.1
+    assert await monitor.tick() == []
+    assert not [e for e in events if e["action"] == "suspend"], "a doomed suspend was tried"
+
+    manager.policy.on_unsaveable = "suspend"  # the user accepts the loss: nothing blocks
+    assert wont not in (await status())["blocked_by"]
+    manager.policy.on_unsaveable = "keep"
+
+    await client.execute("del gen, sock, lock")
+    await checkpoint()
+    km = manager.kernel_manager
+
+    async def suspended() -> bool:
+        await monitor.tick()
+        return km.is_suspended(kernel_id)
+
+    await poll(suspended, what="the suspension once the variables are gone")
