@@ -20,6 +20,7 @@ from browser_helpers import (
     screenshot,
     toast,
     toast_action,
+    wait_until,
 )
 from browser_lab import RESTORE_WAIT, STEADY_KERNEL, Lab
 from playwright.sync_api import Page, expect
@@ -197,6 +198,15 @@ def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: La
     for label in ("Save Kernel State Now", "Suspend Kernel Now", "Show Saved Sessions"):
         expect(page.locator(f".lm-Menu-itemLabel:text-is('{label}')")).to_be_visible()
     page.keyboard.press("Escape")
+
+    # the panel is part of the layout JupyterLab saves: open again after a reload
+    def left_current() -> str | None:
+        data = lab.api("GET", "lab/api/workspaces/commands-ipynb")["data"]
+        return data.get("layout-restorer:data", {}).get("left", {}).get("current")
+
+    wait_until(lambda: left_current() == PANEL[1:], 30, "the layout saved with the panel open")
+    page.goto(f"{lab.url}/lab/workspaces/commands-ipynb")
+    expect(page.locator(PANEL)).to_be_visible(timeout=60_000)
 
 
 def test_resume_an_image_into_its_notebook(page: Page, lab: Lab) -> None:
