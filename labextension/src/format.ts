@@ -48,13 +48,14 @@ export function baseName(path: string): string {
   return path.split('/').pop() || path;
 }
 
-/** Ids in full only on hover: the first 12 characters name an image in every command. */
+/** Ids in full only on hover: their first 8 hex digits, the whole first group of a
+ * kernel's UUID (never cut inside a group), a prefix every command accepts. */
 export function shortId(id: string): string {
-  return id.slice(0, 12);
+  return id.slice(0, 8);
 }
 
 /** `text` with every full kernel or image id in it cut to its short form, as the panel
- * shows ids ("needed by running kernel 3f9a2c51-e0b"): full ids only on hover or copy. */
+ * shows ids ("needed by running kernel 3f9a2c51"): full ids only on hover or copy. */
 export function shortenIds(text: string): string {
   return text.replace(
     /\b(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{24,})\b/g,

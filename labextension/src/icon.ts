@@ -13,3 +13,15 @@ export const ckptIcon = new LabIcon({
   name: 'jupyter-ckpt:saved-sessions',
   svgstr
 });
+
+/** A tag outline drawn for 12 px: the stock tag icon, drawn for 16 px and up, blurs
+ * into a dot at that size. Marks an image saved under a name of its own. */
+const tagSvg = `<svg xmlns="http://www.w3.org/2000/svg" width="12" height="12" viewBox="0 0 12 12">
+  <path class="jp-icon3" style="fill: none" stroke="#616161" stroke-width="1.2" stroke-linejoin="round" d="M1 1.6v3.9l5.5 5.5 4.5-4.5L5.5 1H1.6z"/>
+  <circle class="jp-icon3" fill="#616161" cx="3.6" cy="3.6" r="1"/>
+</svg>`;
+
+export const nameTagIcon = new LabIcon({
+  name: 'jupyter-ckpt:name-tag',
+  svgstr: tagSvg
+});

@@ -2,25 +2,30 @@
 
 import {
   ILabShell,
+  ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import {
   ICommandPalette,
+  InputDialog,
   ISessionContext,
   Notification
 } from '@jupyterlab/apputils';
 import { PageConfig } from '@jupyterlab/coreutils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 import { IMainMenu } from '@jupyterlab/mainmenu';
-import { INotebookTracker } from '@jupyterlab/notebook';
-import { Event } from '@jupyterlab/services';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { Contents, Event } from '@jupyterlab/services';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { pauseIcon } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 
-import { CkptActions } from './actions';
+import { CkptActions, DEFAULT_SETTINGS, ICkptSettings } from './actions';
 import { CkptApi } from './api';
+import { relativeTime } from './format';
 import { ckptIcon } from './icon';
 import {
   commandBlocked,
@@ -38,7 +43,11 @@ namespace CommandIDs {
   export const checkpoint = 'jupyter-ckpt:checkpoint';
   export const suspend = 'jupyter-ckpt:suspend';
   export const showPanel = 'jupyter-ckpt:show-saved-sessions';
+  export const resumePick = 'jupyter-ckpt:resume-saved-session';
 }
+
+/** Where JupyterLab's palette lists the commands: beside its own kernel commands. */
+const CATEGORY = 'Kernel Operations';
 
 /** A safety net for changes no event reports (a `%ckpt save` inside a kernel). The REST
  * routes it polls do not count as activity, so the server can still go idle. */
@@ -51,29 +60,74 @@ function activate(
   palette: ICommandPalette | null,
   mainMenu: IMainMenu | null,
   statusBar: IStatusBar | null,
-  labShell: ILabShell | null
+  labShell: ILabShell | null,
+  restorer: ILayoutRestorer | null,
+  settingRegistry: ISettingRegistry | null,
+  translator: ITranslator | null
 ): void {
+  const trans = (translator ?? nullTranslator).load('jupyter_ckpt');
   const api = new CkptApi(app.serviceManager.serverSettings);
-  const kernelPaths = () =>
-    new Map(
-      [...app.serviceManager.sessions.running()]
-        .filter(s => s.kernel && s.type === 'notebook')
-        .map(s => [s.kernel!.id, s.path] as [string, string])
-    );
+  const manager = app.serviceManager;
+  // the live sessions' kernels: the notebook each runs for, the console each is
+  const live = () => {
+    const running = [...manager.sessions.running()].filter(s => s.kernel);
+    const of = (type: string, value: (s: (typeof running)[0]) => string) =>
+      new Map(
+        running
+          .filter(s => s.type === type)
+          .map(s => [s.kernel!.id, value(s)] as [string, string])
+      );
+    return {
+      kernelPaths: of('notebook', s => s.path),
+      consoles: of('console', s => s.name)
+    };
+  };
   const sessions = new SavedSessionsModel(
     api,
-    kernelPaths,
+    live,
     PageConfig.getOption('serverRoot')
   );
   const kernels = new KernelStatusModel(api);
-  const actions = new CkptActions(app, docManager, api, sessions, kernels);
+  let settings: ICkptSettings = DEFAULT_SETTINGS;
+  const actions = new CkptActions(
+    app,
+    docManager,
+    api,
+    sessions,
+    kernels,
+    trans,
+    () => settings
+  );
   const panel = new SavedSessionsPanel(
     sessions,
     kernels,
     actions,
-    app.commands
+    app.commands,
+    trans
   );
   app.shell.add(panel, 'left', { rank: 700 });
+  // open after a reload when it was open before
+  restorer?.add(panel, panel.id);
+  if (settingRegistry) {
+    settingRegistry
+      .load(plugin.id)
+      .then(loaded => {
+        const read = () => {
+          settings = {
+            ...DEFAULT_SETTINGS,
+            ...(loaded.composite as Partial<ICkptSettings>)
+          };
+        };
+        read();
+        loaded.changed.connect(read);
+      })
+      .catch(reason =>
+        console.warn(
+          'jupyter-ckpt: settings not loaded, using defaults',
+          reason
+        )
+      );
+  }
 
   const poll = new Poll({
     factory: () => Promise.all([sessions.refresh(), kernels.refresh()]),
@@ -85,6 +139,36 @@ function activate(
     name: 'jupyter-ckpt:refresh',
     standby: 'when-hidden'
   });
+  // A kernel shut down, started or moved to another notebook here: the entries follow
+  // at once (their state, and whether Open still has a kernel to open), not at the
+  // next poll. Only a change of which kernels run where counts; the managers also
+  // report every change of a kernel's activity.
+  let layout = '';
+  const onRunning = () => {
+    const now =
+      JSON.stringify(
+        [...manager.sessions.running()].map(s => [s.id, s.path, s.kernel?.id])
+      ) + JSON.stringify([...manager.kernels.running()].map(k => k.id));
+    if (now !== layout) {
+      layout = now;
+      kernels.retain(new Set([...manager.kernels.running()].map(k => k.id)));
+      sessions.liveChanged();
+      void sessions.refresh();
+    }
+  };
+  manager.sessions.runningChanged.connect(onRunning);
+  manager.kernels.runningChanged.connect(onRunning);
+  // a notebook renamed here: its entry (and the images saved under its old name) go
+  // with it; a file deleted here: the entry's Resume finds out when clicked
+  manager.contents.fileChanged.connect(
+    (_: unknown, change: Contents.IChangedArgs) => {
+      const from = change.oldValue?.path;
+      const to = change.newValue?.path;
+      if (change.type === 'rename' && from && to) {
+        sessions.noteRename(from, to);
+      }
+    }
+  );
   app.serviceManager.events.stream.connect((_, event: Event.Emission) => {
     if (event.schema_id !== EVENT_SCHEMA) {
       return;
@@ -127,32 +211,91 @@ function activate(
     return blocked ? `${name} (${blocked.short})` : name;
   };
   app.commands.addCommand(CommandIDs.checkpoint, {
-    label: label('Save Kernel State Now'),
+    // the palette's search finds it by the word users know it by, too
+    label: args =>
+      args.isPalette
+        ? trans.__('Save Kernel State Now (Checkpoint)')
+        : label(trans.__('Save Kernel State Now'))(args),
     caption: caption(
-      "Save the kernel's variables to an image; the kernel keeps running."
+      trans.__(
+        "Save the kernel's variables to an image; the kernel keeps running."
+      )
     ),
     icon: args => (args.toolbar ? ckptIcon : undefined),
     isEnabled: () => whyNot() === null,
     execute: withKernel(id => actions.checkpoint(id))
   });
   app.commands.addCommand(CommandIDs.suspend, {
-    label: label('Suspend Kernel Now'),
+    label: label(trans.__('Suspend Kernel Now')),
     caption: caption(
-      "Save the kernel's variables to an image and shut the kernel down to free its GPU; running a cell restores it."
+      trans.__(
+        "Save the kernel's variables to an image and shut the kernel down to free its GPU; running a cell restores it."
+      )
     ),
     icon: args => (args.toolbar ? pauseIcon : undefined),
     isEnabled: () => whyNot() === null,
     execute: withKernel(id => actions.suspend(id))
   });
   app.commands.addCommand(CommandIDs.showPanel, {
-    label: 'Show Saved Sessions',
-    caption: 'Suspended kernels and saved kernel images',
+    label: trans.__('Show Saved Sessions'),
+    caption: trans.__('Suspended Kernels and Saved Kernel Images'),
     icon: args => (args.isPalette ? undefined : ckptIcon),
     execute: () => app.shell.activateById(panel.id)
   });
-  const ids = [CommandIDs.checkpoint, CommandIDs.suspend, CommandIDs.showPanel];
+  app.commands.addCommand(CommandIDs.resumePick, {
+    label: trans.__('Resume Saved Session…'),
+    caption: trans.__(
+      'Pick a saved session (a checkpoint of a kernel) and resume it in its notebook'
+    ),
+    execute: () => resumePicked()
+  });
+  /** The palette's way to the panel's Resume: pick an entry by name. */
+  const resumePicked = async (): Promise<void> => {
+    await sessions.refresh();
+    const now = Date.now();
+    const choices = new Map(
+      sessions.entries
+        .filter(entry => rowActions(entry.latest.image).includes('resume'))
+        .map(({ latest }) => [
+          latest.image.created
+            ? trans.__(
+                '%1 (saved %2)',
+                latest.title,
+                relativeTime(latest.image.created, now)
+              )
+            : latest.title,
+          latest
+        ])
+    );
+    if (choices.size === 0) {
+      Notification.info(trans.__('No saved sessions to resume yet.'), {
+        autoClose: 5000
+      });
+      return;
+    }
+    const picked = await InputDialog.getItem({
+      title: trans.__('Resume Saved Session'),
+      items: [...choices.keys()],
+      okLabel: trans.__('Resume'),
+      cancelLabel: trans.__('Cancel')
+    });
+    const row = picked.button.accept && choices.get(picked.value ?? '');
+    if (row) {
+      await actions.resume(row);
+    }
+  };
+  const ids = [
+    CommandIDs.checkpoint,
+    CommandIDs.suspend,
+    CommandIDs.showPanel,
+    CommandIDs.resumePick
+  ];
   for (const command of ids) {
-    palette?.addItem({ command, category: 'Kernel' });
+    palette?.addItem({
+      command,
+      category: trans.__(CATEGORY),
+      args: { isPalette: true }
+    });
   }
   mainMenu?.kernelMenu.addGroup(
     ids.map(command => ({ command })),
@@ -207,6 +350,15 @@ function activate(
 
   kernels.changed.connect(() => app.commands.notifyCommandChanged());
   tracker.currentChanged.connect(() => app.commands.notifyCommandChanged());
+  // JupyterLab's own kernel indicator in the notebook's toolbar knows nothing of
+  // suspension: a glyph and a tooltip on it say so while the kernel is suspended
+  const markSuspended = () =>
+    tracker.forEach(notebook => markToolbar(notebook, kernels, trans));
+  kernels.changed.connect(markSuspended);
+  tracker.widgetAdded.connect((_, notebook) => {
+    notebook.sessionContext.kernelChanged.connect(markSuspended);
+    void notebook.revealed.then(markSuspended);
+  });
 
   if (statusBar) {
     const item = new KernelStatusItem(kernels, () =>
@@ -239,13 +391,45 @@ function sessionContextOf(widget: unknown): ISessionContext | null {
   return context && 'kernelChanged' in context ? context : null;
 }
 
+/** The toolbar's kernel indicator of `notebook`, marked while its kernel is suspended. */
+function markToolbar(
+  notebook: NotebookPanel,
+  kernels: KernelStatusModel,
+  trans: ReturnType<ITranslator['load']>
+): void {
+  const item = notebook.toolbar.node.querySelector<HTMLElement>(
+    '[data-jp-item-name="executionProgress"], [data-jp-item-name="kernelStatus"]'
+  );
+  if (!item) {
+    return;
+  }
+  const id = notebook.sessionContext.session?.kernel?.id;
+  const suspended = !!id && kernels.isSuspended(id);
+  item.classList.toggle('jp-mod-ckptSuspended', suspended);
+  if (suspended) {
+    item.title = trans.__(
+      'Kernel suspended: its variables are saved and it holds no memory. Running a cell restores it.'
+    );
+  } else {
+    item.removeAttribute('title');
+  }
+}
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-ckpt:plugin',
   description:
     'Saved sessions panel, kernel suspend status and checkpoint commands.',
   autoStart: true,
   requires: [IDocumentManager, INotebookTracker],
-  optional: [ICommandPalette, IMainMenu, IStatusBar, ILabShell],
+  optional: [
+    ICommandPalette,
+    IMainMenu,
+    IStatusBar,
+    ILabShell,
+    ILayoutRestorer,
+    ISettingRegistry,
+    ITranslator
+  ],
   activate
 };
 

@@ -95,10 +95,13 @@ export function describeKernel(
       ? unsaveableText(lost[0][0], lost[0][1])
       : plainBlocker(blockers[0]);
     const more = lost.length > 1 ? ` and ${lost.length - 1} more` : '';
+    const why = lost.length
+      ? `${lost.map(([name, reason]) => unsaveableText(name, reason)).join('; ')}. Delete ${lost.length === 1 ? 'it' : 'them'} in the notebook, or exclude ${lost.length === 1 ? 'it' : 'them'} from saved state, to let the kernel be suspended`
+      : blockers.map(plainBlocker).join('; ');
     return {
       state: 'blocked',
       text: [gpu, `Not suspended: ${first}${more}`].filter(Boolean).join(' · '),
-      title: `The kernel is not suspended when idle: ${blockers.join('; ')}.`
+      title: `The kernel is not suspended when idle: ${why}.`
     };
   }
   const left = (status.seconds_until_suspend ?? 0) - (now - fetchedAt) / 1000;
@@ -145,11 +148,11 @@ const PLAIN_BLOCKERS: [RegExp, string][] = [
  * reason stays in the hover text. */
 export function plainBlocker(reason: string): string {
   const plain = PLAIN_BLOCKERS.find(([pattern]) => pattern.test(reason));
-  return plain ? plain[1] : reason;
+  return plain ? plain[1] : reason.replace(/`([^`]*)`/g, '$1');
 }
 
-/** Why one variable cannot be saved, and what the user can do about it:
- * "fh is an open file (`del fh`, or `%ckpt exclude fh`)". */
+/** Why one variable cannot be saved, in plain words: "fh is an open file",
+ * "gen is a generator, which cannot be saved". */
 export function unsaveableText(name: string, reason: string): string {
   const pickled = /cannot pickle '([\w.]+)' object/.exec(reason);
   const what = /cannot save an open file/.test(reason)
@@ -157,7 +160,28 @@ export function unsaveableText(name: string, reason: string): string {
     : pickled
       ? `is a ${pickled[1]}, which cannot be saved`
       : 'cannot be saved';
-  return `${name} ${what} (\`del ${name}\`, or \`%ckpt exclude ${name}\`)`;
+  return `${name} ${what}`;
+}
+
+/** Up to how many variable names a notification or a button names. */
+const MAX_NAMES = 3;
+
+/** "gen, sock and lock", or "gen, sock, lock and 2 more": short enough for a
+ * notification (JupyterLab cuts its text at 140 characters). */
+export function nameList(names: readonly string[]): string {
+  if (names.length <= 1) {
+    return names.join('');
+  }
+  if (names.length <= MAX_NAMES) {
+    return `${names.slice(0, -1).join(', ')} and ${names[names.length - 1]}`;
+  }
+  return `${names.slice(0, MAX_NAMES).join(', ')} and ${names.length - MAX_NAMES} more`;
+}
+
+/** The `%ckpt exclude` line that leaves the variables out of the kernel's images, run
+ * in the kernel (the extension loaded first: it may not be yet). */
+export function excludeCode(names: readonly string[]): string {
+  return `%load_ext jupyter_ckpt\n%ckpt exclude ${names.join(' ')}`;
 }
 
 /**
@@ -228,6 +252,23 @@ export class KernelStatusModel {
 
   isSuspended(kernelId: string): boolean {
     return this._kernels.get(kernelId)?.state === 'suspended';
+  }
+
+  /** Forget the kernels that are gone (shut down), without asking the server: its
+   * status route checks every kernel it lists, which a kernel just starting must not
+   * get while its first connection is made. */
+  retain(running: ReadonlySet<string>): void {
+    let gone = false;
+    for (const id of [...this._kernels.keys()]) {
+      if (!running.has(id)) {
+        this._kernels.delete(id);
+        this._fetchedAt.delete(id);
+        gone = true;
+      }
+    }
+    if (gone) {
+      this._changed.emit();
+    }
   }
 
   /** A message that needs the kernel was sent to it while it was suspended: it reads as

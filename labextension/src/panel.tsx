@@ -1,17 +1,18 @@
 /** The Saved sessions sidebar: suspended kernels and saved images, with their actions. */
 
+import { TranslationBundle } from '@jupyterlab/translation';
 import {
   caretDownIcon,
   MenuSvg,
   ReactWidget,
   refreshIcon,
-  tagIcon,
   ToolbarButtonComponent
 } from '@jupyterlab/ui-components';
+import { Message } from '@lumino/messaging';
 import * as React from 'react';
 
 import { exactTime, formatBytes, relativeTime, shortId } from './format';
-import { ckptIcon } from './icon';
+import { ckptIcon, nameTagIcon } from './icon';
 import { Compatibility, gpuNeed, ProgressLine, RecoveredBadge } from './badges';
 import { KernelStatusModel } from './kernelstatus';
 import { RESUME_COMMANDS, ResumeTarget } from './resume';
@@ -33,22 +34,40 @@ export interface IRowActions {
   details(row: ISessionRow): Promise<void>;
 }
 
+/** The entries of the list (its direct rows), in order. */
+const ENTRY = '.jp-CkptPanel-list > .jp-CkptRow';
+
+/** How a row is shown: an entry's head (`older`: its other images, folded) or one of
+ * them; `previous`, the image before it, to say what changed since; `tabbable`, whether
+ * its entry holds the list's one tab stop, and its buttons are in the tab order. */
+interface IRowOptions {
+  older?: ISessionRow[];
+  previous?: ISessionRow;
+  head?: boolean;
+  tabbable?: boolean;
+}
+
 export class SavedSessionsPanel extends ReactWidget {
   constructor(
     readonly model: SavedSessionsModel,
     private readonly _kernels: KernelStatusModel,
     private readonly _actions: IRowActions,
-    commands: ConstructorParameters<typeof MenuSvg>[0]['commands']
+    commands: ConstructorParameters<typeof MenuSvg>[0]['commands'],
+    private readonly _trans: TranslationBundle
   ) {
     super();
     this._resumeMenu = new MenuSvg({ commands });
     this._resumeMenu.addClass('jp-CkptResumeMenu');
+    // Esc, or a click elsewhere, closes the menu: the keyboard goes back to its button
+    // rather than to the page's body
+    this._resumeMenu.aboutToClose.connect(this._onMenuClosed, this);
     this.id = 'jupyter-ckpt-sessions';
     this.title.icon = ckptIcon;
-    this.title.caption = 'Saved sessions';
+    this.title.caption = _trans.__('Saved Sessions');
     this.addClass('jp-CkptPanel');
     this.node.setAttribute('role', 'region');
-    this.node.setAttribute('aria-label', 'Saved sessions');
+    this.node.setAttribute('aria-label', _trans.__('Saved sessions'));
+    this.node.tabIndex = -1;
     model.changed.connect(this._onModelChanged, this);
     _kernels.changed.connect(this.update, this);
   }
@@ -63,6 +82,21 @@ export class SavedSessionsPanel extends ReactWidget {
     super.dispose();
   }
 
+  /** Shown by a command or its tab: the keyboard goes with it, to the entry that holds
+   * the list's tab stop, else the filter. */
+  protected onActivateRequest(msg: Message): void {
+    super.onActivateRequest(msg);
+    requestAnimationFrame(() => {
+      if (this.node.contains(document.activeElement)) {
+        return;
+      }
+      const target =
+        this.node.querySelector<HTMLElement>(`${ENTRY}[tabindex="0"]`) ??
+        this.node.querySelector<HTMLElement>('.jp-CkptPanel-search');
+      (target ?? this.node).focus();
+    });
+  }
+
   /** The Resume button's menu, below it: its notebook, a new notebook, a console. */
   private _openResumeMenu(row: ISessionRow, button: HTMLElement): void {
     const menu = this._resumeMenu;
@@ -71,7 +105,73 @@ export class SavedSessionsPanel extends ReactWidget {
       menu.addItem({ command, args: { imageId: row.image.id } });
     }
     const box = button.getBoundingClientRect();
+    this._menuButton = button;
     menu.open(box.left, box.bottom);
+  }
+
+  private _onMenuClosed(): void {
+    const button = this._menuButton;
+    this._menuButton = null;
+    // after the menu's own focus handling: a command it ran may have moved focus on
+    requestAnimationFrame(() => {
+      const active = document.activeElement;
+      if (button?.isConnected && (!active || active === document.body)) {
+        button.focus();
+      }
+    });
+  }
+
+  /** Up and Down move between the entries (Home and End: the first and the last);
+   * Left and Right between the controls of the entry in focus. The list is one tab
+   * stop, on the entry last in focus (a roving tabindex). */
+  private _onListKey(event: React.KeyboardEvent<HTMLUListElement>): void {
+    const target = event.target as HTMLElement;
+    const entry = target.closest<HTMLElement>(ENTRY);
+    if (!entry || target.closest('input, select, textarea')) {
+      return;
+    }
+    const entries = Array.from(
+      event.currentTarget.querySelectorAll<HTMLElement>(':scope > .jp-CkptRow')
+    );
+    const index = entries.indexOf(entry);
+    const focusEntry = (i: number) => {
+      const next = entries[Math.max(0, Math.min(entries.length - 1, i))];
+      event.preventDefault();
+      this._focusKey = next.dataset.imageId ?? null;
+      this.update();
+      next.focus();
+    };
+    if (event.key === 'ArrowDown') {
+      focusEntry(index + 1);
+    } else if (event.key === 'ArrowUp') {
+      focusEntry(index - 1);
+    } else if (event.key === 'Home') {
+      focusEntry(0);
+    } else if (event.key === 'End') {
+      focusEntry(entries.length - 1);
+    } else if (event.key === 'ArrowRight' || event.key === 'ArrowLeft') {
+      const controls = Array.from(
+        entry.querySelectorAll<HTMLElement>('button, summary')
+      ).filter(control => control.getClientRects().length > 0);
+      const at = controls.indexOf(target);
+      const step = event.key === 'ArrowRight' ? 1 : -1;
+      const next =
+        at < 0
+          ? controls[step > 0 ? 0 : controls.length - 1]
+          : controls[at + step];
+      event.preventDefault();
+      (next ?? entry).focus();
+    }
+  }
+
+  /** Focus moved into an entry: it holds the list's tab stop from now on. */
+  private _onListFocus(event: React.FocusEvent<HTMLUListElement>): void {
+    const entry = (event.target as HTMLElement).closest<HTMLElement>(ENTRY);
+    const key = entry?.dataset.imageId ?? null;
+    if (key && key !== this._focusKey) {
+      this._focusKey = key;
+      this.update();
+    }
   }
 
   private _onModelChanged(): void {
@@ -88,38 +188,57 @@ export class SavedSessionsPanel extends ReactWidget {
 
   render(): JSX.Element {
     const model = this.model;
+    const trans = this._trans;
+    const entries = model.entries;
+    const keys = entries.map(entry => entry.latest.image.id);
+    // the entry that holds the list's tab stop: the one last in focus, else the first
+    const focusKey =
+      this._focusKey && keys.includes(this._focusKey)
+        ? this._focusKey
+        : (keys[0] ?? null);
     return (
       <>
-        <div className="jp-CkptPanel-header">
-          <h2 className="jp-CkptPanel-heading">Saved sessions</h2>
-          <div
-            className="jp-Toolbar jp-CkptPanel-toolbar"
-            role="toolbar"
-            aria-label="Saved sessions"
-          >
-            <ToolbarButtonComponent
-              icon={refreshIcon}
-              onClick={() => void model.refresh()}
-              tooltip="Refresh saved sessions"
-            />
+        <div className="jp-CkptPanel-top">
+          <div className="jp-CkptPanel-header">
+            <h2 className="jp-CkptPanel-heading">
+              {trans.__('Saved sessions')}
+            </h2>
+            <div
+              className="jp-Toolbar jp-CkptPanel-toolbar"
+              role="toolbar"
+              aria-label={trans.__('Saved sessions')}
+            >
+              <ToolbarButtonComponent
+                icon={refreshIcon}
+                onClick={() => void model.refresh()}
+                tooltip={trans.__('Refresh saved sessions')}
+              />
+            </div>
           </div>
+          <input
+            className="jp-CkptPanel-search jp-mod-styled"
+            type="search"
+            placeholder={trans.__('Filter by notebook name')}
+            aria-label={trans.__('Filter saved sessions by notebook name')}
+            value={model.query}
+            onChange={event => (model.query = event.target.value)}
+          />
         </div>
-        <input
-          className="jp-CkptPanel-search jp-mod-styled"
-          type="search"
-          placeholder="Filter by notebook name"
-          aria-label="Filter saved sessions by notebook name"
-          value={model.query}
-          onChange={event => (model.query = event.target.value)}
-        />
         {this._renderState()}
-        {model.rows.length > 0 && (
+        {entries.length > 0 && (
           <ul
             className="jp-CkptPanel-list"
-            aria-label="Saved sessions, newest first"
+            aria-label={trans.__('Saved sessions, newest first')}
+            onKeyDown={event => this._onListKey(event)}
+            onFocus={event => this._onListFocus(event)}
           >
-            {model.entries.map(entry =>
-              this._renderRow(entry.latest, entry.older, entry.older[0], true)
+            {entries.map(entry =>
+              this._renderRow(entry.latest, {
+                older: entry.older,
+                previous: entry.older[0],
+                head: true,
+                tabbable: entry.latest.image.id === focusKey
+              })
             )}
           </ul>
         )}
@@ -130,20 +249,21 @@ export class SavedSessionsPanel extends ReactWidget {
   /** What to do when there is nothing (yet) to show. */
   private _renderState(): JSX.Element | null {
     const model = this.model;
+    const trans = this._trans;
     if (model.state === 'error') {
       return (
         <div className="jp-CkptPanel-message jp-mod-error" role="alert">
-          <p>Could not load saved sessions: {model.error}</p>
+          <p>{trans.__('Could not load saved sessions: %1', model.error)}</p>
           <p>
-            Check that the server extension is enabled (
-            <code>jupyter server extension list</code> shows
-            jupyter_ckpt_server), then try again.
+            {trans.__(
+              'Check that the server extension is enabled (jupyter server extension list shows jupyter_ckpt_server), then try again.'
+            )}
           </p>
           <button
             className="jp-CkptButton"
             onClick={() => void model.refresh()}
           >
-            Try again
+            {trans.__('Try again')}
           </button>
         </div>
       );
@@ -151,45 +271,48 @@ export class SavedSessionsPanel extends ReactWidget {
     if (model.state === 'loading') {
       return (
         <p className="jp-CkptPanel-message" role="status">
-          Loading saved sessions…
+          {trans.__('Loading saved sessions…')}
         </p>
       );
     }
     if (model.allRows.length === 0) {
       return (
         <div className="jp-CkptPanel-message" role="status">
-          <p>No saved sessions yet.</p>
+          <p>{trans.__('No saved sessions yet.')}</p>
           <p>
-            Idle kernels are saved here automatically. To save one now, use
-            Kernel › Save Kernel State Now, or run <code>%ckpt save</code> in a
-            notebook after <code>%load_ext jupyter_ckpt</code>.
+            {trans.__(
+              'Idle kernels are saved here automatically. To save one now, use Kernel › Save Kernel State Now.'
+            )}
           </p>
         </div>
       );
     }
     if (model.rows.length === 0) {
+      // entries, as the list shows them: not the images folded inside them
       return (
         <p className="jp-CkptPanel-message" role="status">
-          No saved session matches “{model.query}”. Clear the filter to see all{' '}
-          {model.allRows.length}.
+          {trans._n(
+            'No saved session matches “%2”. Clear the filter to see the one there is.',
+            'No saved session matches “%2”. Clear the filter to see all %1.',
+            model.entryCount,
+            model.query
+          )}
         </p>
       );
     }
     return null;
   }
 
-  /** A row; with `older`, the head of a notebook's entry, its other images folded;
-   * `previous`, the entry's image before this one, to say what changed since. */
   private _renderRow(
     row: ISessionRow,
-    older: ISessionRow[] = [],
-    previous?: ISessionRow,
-    head = false
+    { older = [], previous, head = false, tabbable = false }: IRowOptions = {}
   ): JSX.Element {
+    const trans = this._trans;
     const { image } = row;
     const now = Date.now();
     const note = this.model.noteFor(image.id);
     const titleId = `jp-CkptRow-title-${image.id}`;
+    const entryProps = head ? { tabIndex: tabbable ? 0 : -1 } : {};
     if (image.state === 'invalid') {
       return (
         <li
@@ -197,20 +320,23 @@ export class SavedSessionsPanel extends ReactWidget {
           className="jp-CkptRow jp-mod-invalid"
           data-image-id={image.id}
           aria-labelledby={titleId}
+          {...entryProps}
         >
           <div className="jp-CkptRow-title" id={titleId} title={image.id}>
             {shortId(image.id)}
           </div>
           <p className="jp-CkptRow-problem">
-            Cannot be verified, so it cannot be resumed or deleted here:{' '}
-            {image.error}
+            {trans.__(
+              'Cannot be verified, so it cannot be resumed or deleted here: %1',
+              image.error ?? ''
+            )}
           </p>
           {note && (
             <p className="jp-CkptRow-note" role="alert">
               {note}
             </p>
           )}
-          {this._renderActions(row, image.id)}
+          {this._renderActions(row, image.id, tabbable)}
         </li>
       );
     }
@@ -218,7 +344,7 @@ export class SavedSessionsPanel extends ReactWidget {
     if (image.created) {
       facts.push(
         <span key="when">
-          saved{' '}
+          {trans.__('saved')}{' '}
           <time dateTime={image.created} title={exactTime(image.created)}>
             {relativeTime(image.created, now)}
           </time>
@@ -229,9 +355,10 @@ export class SavedSessionsPanel extends ReactWidget {
       facts.push(<span key="size">{formatBytes(image.size.logical)}</span>);
     }
     if (image.variables_count !== undefined) {
-      const n = image.variables_count;
       facts.push(
-        <span key="vars">{`${n} variable${n === 1 ? '' : 's'}`}</span>
+        <span key="vars">
+          {trans._n('%1 variable', '%1 variables', image.variables_count)}
+        </span>
       );
     }
     const gpu = this._gpuText(row);
@@ -243,7 +370,7 @@ export class SavedSessionsPanel extends ReactWidget {
         <span
           key="change"
           className="jp-CkptRow-change"
-          title="What changed since the image before it"
+          title={trans.__('What changed since the image before it')}
         >
           {changeSince(image, previous.image)}
         </span>
@@ -256,6 +383,8 @@ export class SavedSessionsPanel extends ReactWidget {
         className="jp-CkptRow"
         data-image-id={image.id}
         aria-labelledby={titleId}
+        aria-busy={this.model.isActing(image.id) ? 'true' : undefined}
+        {...entryProps}
       >
         <div
           className="jp-CkptRow-title"
@@ -268,9 +397,12 @@ export class SavedSessionsPanel extends ReactWidget {
             : row.suspendedKernel && (
                 <span
                   className="jp-CkptBadge jp-mod-suspended"
-                  title={`Kernel ${row.suspendedKernel} is suspended to this image`}
+                  title={trans.__(
+                    'Kernel %1 is suspended to this image',
+                    row.suspendedKernel
+                  )}
                 >
-                  Suspended kernel
+                  {trans.__('Suspended kernel')}
                 </span>
               )}
           {row.suspendedKernel && (
@@ -282,9 +414,9 @@ export class SavedSessionsPanel extends ReactWidget {
         {isNamed(row) && (
           <div
             className="jp-CkptRow-name"
-            title={`Saved under the name ${image.name}`}
+            title={trans.__('Saved under the name %1', image.name ?? '')}
           >
-            <tagIcon.react tag="span" className="jp-CkptRow-nameIcon" />
+            <nameTagIcon.react tag="span" className="jp-CkptRow-nameIcon" />
             {image.name}
           </div>
         )}
@@ -297,7 +429,10 @@ export class SavedSessionsPanel extends ReactWidget {
         <Compatibility compat={image.compatibility} id={image.id} />
         {image.lost && image.lost.length > 0 && (
           <p className="jp-CkptRow-problem">
-            Not saved: {image.lost.join(', ')}
+            <span className="jp-CkptRow-problemLabel">
+              {trans.__('Not saved:')}
+            </span>{' '}
+            {image.lost.join(', ')}
           </p>
         )}
         {note && (
@@ -305,15 +440,15 @@ export class SavedSessionsPanel extends ReactWidget {
             {note}
           </p>
         )}
-        {this._renderActions(row, label)}
+        {this._renderActions(row, label, tabbable)}
         {older.length > 0 && (
           <details className="jp-CkptRow-older">
-            <summary>
-              {older.length} older image{older.length === 1 ? '' : 's'}
+            <summary tabIndex={tabbable ? 0 : -1}>
+              {trans._n('%1 older image', '%1 older images', older.length)}
             </summary>
             <ul className="jp-CkptPanel-list">
               {older.map((other, i) =>
-                this._renderRow(other, [], older[i + 1])
+                this._renderRow(other, { previous: older[i + 1], tabbable })
               )}
             </ul>
           </details>
@@ -324,6 +459,7 @@ export class SavedSessionsPanel extends ReactWidget {
 
   /** What an entry is now: its kernel suspended, running, or only images saved. */
   private _renderEntryState(row: ISessionRow): JSX.Element {
+    const trans = this._trans;
     const { state, kernel } = entryState(
       row,
       this.model.kernelPaths,
@@ -333,9 +469,13 @@ export class SavedSessionsPanel extends ReactWidget {
       return (
         <span
           className="jp-CkptBadge jp-mod-suspended"
-          title={`Kernel ${kernel} is suspended to ${row.suspendedKernel ? 'this image' : 'an image'}`}
+          title={
+            row.suspendedKernel
+              ? trans.__('Kernel %1 is suspended to this image', kernel ?? '')
+              : trans.__('Kernel %1 is suspended to an image', kernel ?? '')
+          }
         >
-          Suspended kernel
+          {trans.__('Suspended kernel')}
         </span>
       );
     }
@@ -343,49 +483,76 @@ export class SavedSessionsPanel extends ReactWidget {
       return (
         <span
           className="jp-CkptBadge jp-mod-running"
-          title={`Kernel ${kernel} is running; these are its saved images`}
+          title={trans.__(
+            'Kernel %1 is running; these are its saved images',
+            kernel ?? ''
+          )}
         >
-          Running
+          {trans.__('Running')}
         </span>
       );
     }
     return (
       <span
         className="jp-CkptBadge jp-mod-saved"
-        title="No kernel runs for it: Resume starts one from the image"
+        title={trans.__(
+          'No kernel runs for it: Resume starts one from the image'
+        )}
       >
-        Saved
+        {trans.__('Saved')}
       </span>
     );
   }
 
-  /** The row's buttons (see `rowActions`); none for an image that fails verification. */
-  private _renderActions(row: ISessionRow, label: string): JSX.Element | null {
+  /** The row's buttons (see `rowActions`); none for an image that fails verification.
+   * Disabled while an action runs on the row, which a second click would run twice;
+   * in the tab order only while the row's entry holds the list's tab stop. */
+  private _renderActions(
+    row: ISessionRow,
+    label: string,
+    tabbable: boolean
+  ): JSX.Element | null {
+    const trans = this._trans;
     const actions = rowActions(row.image);
     if (actions.length === 0) {
       return null;
     }
+    const busy = this.model.isActing(row.image.id);
+    const tabIndex = tabbable ? 0 : -1;
+    const open = !!row.suspendedKernel;
     const buttons: Record<RowAction, JSX.Element> = {
       resume: (
         <span key="resume" className="jp-CkptRow-resume">
           <button
             className="jp-CkptButton jp-mod-accept"
             onClick={() => void this._actions.resume(row)}
-            aria-label={`${row.suspendedKernel ? 'Open' : 'Resume'} ${label}`}
+            disabled={busy}
+            tabIndex={tabIndex}
+            aria-label={
+              open ? trans.__('Open %1', label) : trans.__('Resume %1', label)
+            }
             title={
-              row.suspendedKernel
-                ? 'Open the notebook; running a cell restores its kernel'
-                : 'Start a kernel restored from this image and open its notebook'
+              open
+                ? trans.__(
+                    'Open the notebook; running a cell restores its kernel'
+                  )
+                : trans.__(
+                    'Start a kernel restored from this image and open its notebook'
+                  )
             }
           >
-            {row.suspendedKernel ? 'Open' : 'Resume'}
+            {open ? trans.__('Open') : trans.__('Resume')}
           </button>
           <button
             className="jp-CkptButton jp-mod-accept jp-CkptRow-resumeMenu"
             onClick={event => this._openResumeMenu(row, event.currentTarget)}
+            disabled={busy}
+            tabIndex={tabIndex}
             aria-haspopup="menu"
-            aria-label={`Resume options for ${label}`}
-            title="Resume in its notebook, in a new notebook or in a console"
+            aria-label={trans.__('Resume options for %1', label)}
+            title={trans.__(
+              'Resume in its notebook, in a new notebook or in a console'
+            )}
           >
             <caretDownIcon.react tag="span" elementPosition="center" />
           </button>
@@ -396,12 +563,14 @@ export class SavedSessionsPanel extends ReactWidget {
           key="details"
           className="jp-CkptButton"
           onClick={() => void this._actions.details(row)}
-          aria-label={`Details of ${label}`}
+          disabled={busy}
+          tabIndex={tabIndex}
+          aria-label={trans.__('Details of %1', label)}
         >
-          Details
+          {trans.__('Details')}
         </button>
       ),
-      delete: this._renderDelete(row, label)
+      delete: this._renderDelete(row, label, busy, tabIndex)
     };
     return (
       <div className="jp-CkptRow-actions">{actions.map(a => buttons[a])}</div>
@@ -410,18 +579,26 @@ export class SavedSessionsPanel extends ReactWidget {
 
   /** Delete, or why not: aria-disabled rather than disabled, so that the reason in
    * its tooltip shows on hover and reaches keyboard and screen reader users. */
-  private _renderDelete(row: ISessionRow, label: string): JSX.Element {
+  private _renderDelete(
+    row: ISessionRow,
+    label: string,
+    busy: boolean,
+    tabIndex: number
+  ): JSX.Element {
+    const trans = this._trans;
     const blocked = deleteBlocked(row.image);
     return (
       <button
         key="delete"
         className="jp-CkptButton jp-mod-warn"
         onClick={() => !blocked && void this._actions.remove(row)}
-        aria-label={`Delete ${label}`}
+        disabled={busy}
+        tabIndex={tabIndex}
+        aria-label={trans.__('Delete %1', label)}
         aria-disabled={blocked ? 'true' : undefined}
-        title={blocked ?? `Delete image ${imageLabel(row.image)}`}
+        title={blocked ?? trans.__('Delete image %1', imageLabel(row.image))}
       >
-        Delete
+        {trans.__('Delete')}
       </button>
     );
   }
@@ -440,4 +617,6 @@ export class SavedSessionsPanel extends ReactWidget {
   }
 
   private readonly _resumeMenu: MenuSvg;
+  private _menuButton: HTMLElement | null = null;
+  private _focusKey: string | null = null;
 }

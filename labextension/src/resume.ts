@@ -34,7 +34,7 @@ export function resumeChoices(row: ISessionRow): IResumeChoice[] {
         target: 'notebook',
         label: 'Resume in Its Notebook',
         caption: row.notebook
-          ? `Start a kernel restored from this image as the kernel of ${row.notebook} (a console if that file is gone)`
+          ? `Start a kernel restored from this image as the kernel of ${row.notebook} (if that file is gone, you choose where)`
           : 'The image records no notebook: resume it in a new notebook or a console',
         enabled: !!row.notebook
       };
@@ -65,11 +65,27 @@ export function newNotebookDir(row: ISessionRow): string {
   return slash < 0 ? '' : notebook.slice(0, slash);
 }
 
+/** Where the user chose to resume an image whose notebook cannot be used: another
+ * notebook (`path`), a new notebook, or a console. */
+export type ITargetChoice =
+  | { target: 'notebook'; path: string }
+  | { target: 'new-notebook' }
+  | { target: 'console' };
+
+/** Why `resumeInto` asks where to resume: its notebook file is gone (renamed elsewhere
+ * or deleted), or its suspended kernel's console is closed and cannot be reopened. */
+export type AskReason = 'notebook-gone' | 'console-closed';
+
 /** What `resumeInto` needs from JupyterLab and the server. */
 export interface IResumeHost {
   exists(path: string): Promise<boolean>;
+  /** Whether the kernel is still suspended, asked now: a kernel shut down since the
+   * list was loaded is gone, and only its image is left to resume. */
+  isSuspended(kernelId: string): Promise<boolean>;
   /** Ask before replacing the notebook's running kernel; false: the user declined. */
   confirmReplace(path: string): Promise<boolean>;
+  /** Ask where to resume instead; null: the user cancelled. */
+  askTarget(row: ISessionRow, why: AskReason): Promise<ITargetChoice | null>;
   /** Create an untitled notebook in `dir`; its path. */
   newNotebook(dir: string): Promise<string>;
   deleteFile(path: string): Promise<void>;
@@ -77,6 +93,9 @@ export interface IResumeHost {
   resume(imageId: string, path: string | null): Promise<IResumeReply>;
   /** Show `kernelId` in the notebook at `path`, or in a console when null. */
   open(path: string | null, kernelId: string): Promise<void>;
+  /** Show the suspended kernel's console, reopened from its live session; false when
+   * it has none (closed), and JupyterLab cannot start a console on that kernel. */
+  openConsole(kernelId: string): Promise<boolean>;
 }
 
 /** What a resume ended with: the kernel restored, where it is shown (null: a console). */
@@ -91,19 +110,63 @@ export interface IResumed {
  *
  * The kernel restored for a notebook is bound to it by the server, which shuts down
  * the kernel it had: the notebook never has two. A new notebook or a console gets a
- * kernel of its own, and the source notebook's kernel is left as it is.
+ * kernel of its own, and the source notebook's kernel is left as it is. The list may be
+ * older than what the user did since, so what it says is checked again here: a
+ * suspended kernel shut down meanwhile is resumed from its image, and a notebook file
+ * renamed or deleted meanwhile makes it ask where to resume rather than guess.
  */
 export async function resumeInto(
   row: ISessionRow,
   target: ResumeTarget,
   host: IResumeHost
 ): Promise<IResumed | null> {
-  if (target === 'console') {
+  if (target !== 'notebook') {
+    return resumeAt(
+      row,
+      target === 'console' ? { target } : { target: 'new-notebook' },
+      host
+    );
+  }
+  const notebook =
+    row.notebook && (await host.exists(row.notebook)) ? row.notebook : null;
+  const suspended =
+    row.suspendedKernel !== null &&
+    (await host.isSuspended(row.suspendedKernel));
+  if (suspended && notebook) {
+    await host.open(notebook, row.suspendedKernel!);
+    return null;
+  }
+  if (suspended && !row.notebook) {
+    if (await host.openConsole(row.suspendedKernel!)) {
+      return null;
+    }
+    const choice = await host.askTarget(row, 'console-closed');
+    return choice ? resumeAt(row, choice, host) : null;
+  }
+  if (row.notebook && !notebook) {
+    const choice = await host.askTarget(row, 'notebook-gone');
+    return choice ? resumeAt(row, choice, host) : null;
+  }
+  return resumeAt(
+    row,
+    notebook ? { target: 'notebook', path: notebook } : { target: 'console' },
+    host
+  );
+}
+
+/** Resume the row's image where `choice` says; null when the user declined to replace
+ * the chosen notebook's running kernel. */
+async function resumeAt(
+  row: ISessionRow,
+  choice: ITargetChoice,
+  host: IResumeHost
+): Promise<IResumed | null> {
+  if (choice.target === 'console') {
     const reply = await host.resume(row.image.id, null);
     await host.open(null, reply.kernel.id);
     return { reply, path: null };
   }
-  if (target === 'new-notebook') {
+  if (choice.target === 'new-notebook') {
     const path = await host.newNotebook(newNotebookDir(row));
     let reply: IResumeReply;
     try {
@@ -116,18 +179,12 @@ export async function resumeInto(
     await host.open(path, reply.kernel.id);
     return { reply, path };
   }
-  const notebook =
-    row.notebook && (await host.exists(row.notebook)) ? row.notebook : null;
-  if (row.suspendedKernel) {
-    await host.open(notebook, row.suspendedKernel);
+  if (!(await host.confirmReplace(choice.path))) {
     return null;
   }
-  if (notebook && !(await host.confirmReplace(notebook))) {
-    return null;
-  }
-  const reply = await host.resume(row.image.id, notebook);
-  await host.open(notebook, reply.kernel.id);
-  return { reply, path: notebook };
+  const reply = await host.resume(row.image.id, choice.path);
+  await host.open(choice.path, reply.kernel.id);
+  return { reply, path: choice.path };
 }
 
 /** The commands of the row's Resume menu and context menu; args: `{ imageId }`. */

@@ -2,7 +2,7 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { baseName, formatBytes, shortId } from './format';
+import { baseName, formatBytes, shortenIds, shortId } from './format';
 import { ICkptApi, IImage } from './types';
 
 export interface ISessionRow {
@@ -44,7 +44,25 @@ export function deleteBlocked(image: IImage): string | null {
   return null;
 }
 
-/** "checkpoint-3 (3f9a2c51e0b4)": how a confirmation or notification names an image. */
+/**
+ * Why the server refused to delete an image, in words that fit the kernel holding it:
+ * a running kernel keeps it as its crash-recovery autosave (nothing to resume), a
+ * suspended one needs it to come back. Other refusals pass through, ids shortened.
+ */
+export function refusalText(message: string): string {
+  const held = /needed by (running|suspended) kernel ([0-9a-f-]+)/.exec(
+    message
+  );
+  if (!held) {
+    return shortenIds(message);
+  }
+  const kernel = shortId(held[2]);
+  return held[1] === 'running'
+    ? `running kernel ${kernel} keeps it to recover from a crash. Its next autosave, or shutting that kernel down, releases it.`
+    : `suspended kernel ${kernel} needs it to come back. Run a cell in its notebook, or shut that kernel down, first.`;
+}
+
+/** "checkpoint-3 (3f9a2c51)": how a confirmation or notification names an image. */
 export function imageLabel(image: IImage): string {
   const id = shortId(image.id);
   return image.name ? `${image.name} (${id})` : id;
@@ -67,26 +85,109 @@ export function apiPath(
     : null;
 }
 
+/** A file renamed in this JupyterLab (the contents manager's fileChanged): images saved
+ * under `from` before `at` belong to `to` now. A directory's rename carries its files. */
+export interface IRename {
+  from: string;
+  to: string;
+  at: number;
+}
+
+/** `path` after the renames made since `created` (ms), in the order they were made. */
+export function followRenames(
+  path: string,
+  created: number,
+  renames: readonly IRename[]
+): string {
+  let current = path;
+  for (const { from, to, at } of renames) {
+    if (created > at) {
+      continue; // saved after the rename: a new file of the old name
+    }
+    if (current === from) {
+      current = to;
+    } else if (current.startsWith(from + '/')) {
+      current = to + current.slice(from.length);
+    }
+  }
+  return current;
+}
+
+/** What the rows know of the live sessions and this JupyterLab's file renames. */
+export interface ILiveContext {
+  /** Notebook sessions' kernels: kernel id -> notebook path (follows renames). */
+  kernelPaths: ReadonlyMap<string, string>;
+  /** Console sessions' kernels: kernel id -> the console's name ("Console 3"). */
+  consoles?: ReadonlyMap<string, string>;
+  renames?: readonly IRename[];
+}
+
+/** How many parent links a console's title follows back to a notebook's image. */
+const MAX_PARENTS = 20;
+
+/**
+ * A console kernel's title: "Console 3 (from B.ipynb)". Its name comes from its live
+ * session, else from the session name its kernel recorded; the notebook from the first
+ * image up its parent chain (the image it was resumed from) that names one.
+ */
+function consoleTitle(
+  image: IImage,
+  byId: ReadonlyMap<string, IImage>,
+  notebookOf: (image: IImage) => string | null,
+  context: ILiveContext
+): string {
+  const recorded = image.notebook_path ? baseName(image.notebook_path) : '';
+  const name =
+    (image.kernel_id && context.consoles?.get(image.kernel_id)) ||
+    (/^Console \d+$/.test(recorded) ? recorded : 'Console');
+  let parent = image.parent ? byId.get(image.parent) : undefined;
+  for (let i = 0; parent && i < MAX_PARENTS; i++) {
+    const source = notebookOf(parent);
+    if (source) {
+      return `${name} (from ${baseName(source)})`;
+    }
+    parent = parent.parent ? byId.get(parent.parent) : undefined;
+  }
+  return image.kernel_id && name === 'Console'
+    ? `Console of kernel ${shortId(image.kernel_id)}`
+    : name;
+}
+
 /**
  * Rows for the images, newest first. A suspended kernel's notebook is taken from its live
- * session (`kernelPaths`), which follows renames; otherwise from the image's manifest.
+ * session (`kernelPaths`), which follows renames; otherwise from the image's manifest,
+ * carried through the renames made here since. Images of a console (no notebook file
+ * recorded) are titled after the console and the notebook they came from.
  */
 export function sessionRows(
   images: IImage[],
-  kernelPaths: ReadonlyMap<string, string>,
+  live: ILiveContext,
   serverRoot: string
 ): ISessionRow[] {
-  const rows = images.map(image => {
-    const kernel =
-      image.state === 'suspended' ? (image.kernel_id ?? null) : null;
+  const notebookOf = (image: IImage): string | null => {
     const recorded = image.notebook_path
       ? apiPath(image.notebook_path, serverRoot)
       : null;
-    const notebook = (kernel && kernelPaths.get(kernel)) || recorded;
+    if (!recorded || !recorded.endsWith('.ipynb')) {
+      return null;
+    }
+    const created = Date.parse(image.created ?? '') || 0;
+    return followRenames(recorded, created, live.renames ?? []);
+  };
+  const byId = new Map(images.map(image => [image.id, image]));
+  const rows = images.map(image => {
+    const kernel =
+      image.state === 'suspended' ? (image.kernel_id ?? null) : null;
+    const notebook =
+      (kernel && live.kernelPaths.get(kernel)) || notebookOf(image);
+    const console =
+      !notebook && image.state !== 'invalid' && image.kernel_id
+        ? consoleTitle(image, byId, notebookOf, live)
+        : null;
     return {
       image,
       notebook,
-      title: notebook ? baseName(notebook) : image.name || image.id,
+      title: notebook ? baseName(notebook) : console || image.name || image.id,
       suspendedKernel: kernel
     };
   });
@@ -152,7 +253,7 @@ function noteCause(image: IImage | undefined): string {
 export class SavedSessionsModel {
   constructor(
     private readonly _api: Pick<ICkptApi, 'listImages'>,
-    private readonly _kernelPaths: () => ReadonlyMap<string, string>,
+    private readonly _live: () => Omit<ILiveContext, 'renames'>,
     private readonly _serverRoot: string
   ) {}
 
@@ -189,7 +290,45 @@ export class SavedSessionsModel {
 
   /** The live notebook sessions' kernels: kernel id -> notebook path. */
   get kernelPaths(): ReadonlyMap<string, string> {
-    return this._kernelPaths();
+    return this._live().kernelPaths;
+  }
+
+  /** How many entries there are without the filter. */
+  get entryCount(): number {
+    return groupRows(this._rows).length;
+  }
+
+  /** A file (or directory) renamed in this JupyterLab: the images saved under its old
+   * path before now follow it, and the rows are rebuilt at once. */
+  noteRename(from: string, to: string, at = Date.now()): void {
+    this._renames.push({ from, to, at });
+    this._rebuild();
+  }
+
+  /** The sessions or kernels changed: a row's state and title may have too. */
+  liveChanged(): void {
+    this._rebuild();
+  }
+
+  /** Whether an action (a resume, a delete) runs on the image's row. */
+  isActing(imageId: string): boolean {
+    return this._acting.has(imageId);
+  }
+
+  /** Run `action` on the image's row unless one already runs there (a second click
+   * while the first still works); the row's buttons are disabled meanwhile. */
+  async act(imageId: string, action: () => Promise<void>): Promise<void> {
+    if (this._acting.has(imageId)) {
+      return;
+    }
+    this._acting.add(imageId);
+    this._changed.emit();
+    try {
+      await action();
+    } finally {
+      this._acting.delete(imageId);
+      this._changed.emit();
+    }
   }
 
   /** The rows that match the filter, one entry per notebook. */
@@ -239,7 +378,8 @@ export class SavedSessionsModel {
   private async _load(): Promise<void> {
     try {
       const images = await this._api.listImages();
-      this._rows = sessionRows(images, this._kernelPaths(), this._serverRoot);
+      this._images = images;
+      this._rows = this._rowsOf(images);
       // a note no longer applies once its image is gone or has changed state
       const causes = new Map(images.map(image => [image.id, noteCause(image)]));
       for (const [id, note] of [...this._notes]) {
@@ -255,7 +395,23 @@ export class SavedSessionsModel {
     }
   }
 
+  private _rowsOf(images: IImage[]): ISessionRow[] {
+    return sessionRows(
+      images,
+      { ...this._live(), renames: this._renames },
+      this._serverRoot
+    );
+  }
+
+  private _rebuild(): void {
+    this._rows = this._rowsOf(this._images);
+    this._changed.emit();
+  }
+
   private _changed = new Signal<this, void>(this);
+  private _images: IImage[] = [];
+  private _renames: IRename[] = [];
+  private _acting = new Set<string>();
   private _state: LoadState = 'loading';
   private _error = '';
   private _query = '';

@@ -20,6 +20,8 @@ export interface IImage {
   state: 'saved' | 'suspended' | 'restore-failed' | 'autosave' | 'invalid';
   name?: string;
   created?: string;
+  /** The image this one's kernel was restored from or saved before, if any. */
+  parent?: string | null;
   kernel_id?: string | null;
   notebook_path?: string | null;
   devices?: string[];

@@ -54,7 +54,7 @@ describe('shortenIds', () => {
         'image 3f9a2c51e0b4d6e7f8a9b0c1d2e3f4a5 is needed by running kernel 0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9; resume or shut down that kernel first'
       )
     ).toBe(
-      'image 3f9a2c51e0b4 is needed by running kernel 0b1c2d3e-4f5; resume or shut down that kernel first'
+      'image 3f9a2c51 is needed by running kernel 0b1c2d3e; resume or shut down that kernel first'
     );
     expect(shortenIds('cafe 1234 deadbeef')).toBe('cafe 1234 deadbeef');
   });

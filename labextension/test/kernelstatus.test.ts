@@ -12,6 +12,8 @@ import {
   recoveredTitle,
   suspendWarning,
   unsaveableText,
+  nameList,
+  excludeCode,
   wakesKernel
 } from '../src/kernelstatus';
 import { EVENT_SCHEMA, IKernelStatus } from '../src/types';
@@ -112,15 +114,28 @@ describe('describeKernel', () => {
     });
     expect(describeKernel(failed, T0, T0)).toMatchObject({
       state: 'blocked',
-      text: 'Not suspended: fh is an open file (`del fh`, or `%ckpt exclude fh`) and 1 more'
+      text: 'Not suspended: fh is an open file and 1 more'
     });
+    const { title } = describeKernel(failed, T0, T0);
+    expect(title).toContain(
+      'fh is an open file; gen is a generator, which cannot be saved.'
+    );
+    expect(title).toContain('exclude them from saved state');
+    expect(title).not.toMatch(/on_unsaveable|`/);
     expect(
       unsaveableText('gen', "TypeError: cannot pickle 'generator' object")
-    ).toBe(
-      'gen is a generator, which cannot be saved (`del gen`, or `%ckpt exclude gen`)'
-    );
+    ).toBe('gen is a generator, which cannot be saved');
     expect(unsaveableText('x', 'RecursionError: too deep')).toBe(
-      'x cannot be saved (`del x`, or `%ckpt exclude x`)'
+      'x cannot be saved'
+    );
+  });
+
+  it('lists names short enough for a notification', () => {
+    expect(nameList(['gen'])).toBe('gen');
+    expect(nameList(['gen', 'sock', 'lock'])).toBe('gen, sock and lock');
+    expect(nameList(['a', 'b', 'c', 'd', 'e'])).toBe('a, b, c and 2 more');
+    expect(excludeCode(['gen', 'sock'])).toBe(
+      '%load_ext jupyter_ckpt\n%ckpt exclude gen sock'
     );
   });
 
@@ -145,8 +160,7 @@ describe('describeKernel', () => {
     });
     expect(describeKernel(blocked, T0, T0)).toMatchObject({
       text: 'Not suspended: it uses no GPU',
-      title:
-        'The kernel is not suspended when idle: holds no GPU memory (gpu_only=True).'
+      title: 'The kernel is not suspended when idle: it uses no GPU.'
     });
   });
 
@@ -334,7 +348,7 @@ describe('explicit suspend of a kernel working in the background', () => {
       'The kernel is still working in the background: a thread started by `_train` is running. Suspending it now saves its variables but stops this work.'
     );
     expect(describeKernel(working, T0, T0).text).toBe(
-      'GPU 12.3 GB · Not suspended: a thread started by `_train` is running'
+      'GPU 12.3 GB · Not suspended: a thread started by _train is running'
     );
     expect(suspendWarning(running())).toBeNull();
     expect(suspendWarning(undefined)).toBeNull();
@@ -504,5 +518,32 @@ describe('progress of an image being written or read', () => {
       'running',
       'Saving kernel state · 120 MB of 512 MB'
     ]);
+  });
+});
+
+describe('KernelStatusModel.retain', () => {
+  it('forgets kernels shut down without asking the server', async () => {
+    let asked = 0;
+    const model = new KernelStatusModel({
+      status: async () => {
+        asked++;
+        return {
+          kernels: [
+            { kernel_id: 'k1', state: 'suspended' },
+            { kernel_id: 'k2', state: 'running' }
+          ]
+        };
+      }
+    });
+    await model.refresh();
+    let changes = 0;
+    model.changed.connect(() => changes++);
+    model.retain(new Set(['k2']));
+    expect(model.isSuspended('k1')).toBe(false);
+    expect(model.kernel('k2')?.state).toBe('running');
+    expect(changes).toBe(1);
+    model.retain(new Set(['k2']));
+    expect(changes).toBe(1);
+    expect(asked).toBe(1);
   });
 });

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 
 import {
   IResumeHost,
+  ITargetChoice,
   newNotebookDir,
   resumeChoices,
   resumeInto
@@ -19,15 +20,34 @@ function row(extra: Partial<ISessionRow> = {}): ISessionRow {
   };
 }
 
-/** A host that records what was asked of it; `files` exist, the user answers `agree`. */
-function host(files: string[] = ['work/train.ipynb'], agree = true) {
+/** A host that records what was asked of it; `files` exist, the user answers `agree`
+ * to replacing a kernel and `choice` when asked where to resume; `suspended` kernels
+ * are still suspended, and those of `consoles` have a console to reopen. */
+function host(
+  files: string[] = ['work/train.ipynb'],
+  agree = true,
+  {
+    suspended = ['k0'],
+    consoles = [] as string[],
+    choice = null as ITargetChoice | null
+  } = {}
+) {
   const calls: string[] = [];
   let kernels = 0;
   const fake: IResumeHost = {
     exists: async path => files.includes(path),
+    isSuspended: async id => suspended.includes(id),
     confirmReplace: async path => {
       calls.push(`confirm ${path}`);
       return agree;
+    },
+    askTarget: async (_, why) => {
+      calls.push(`ask ${why}`);
+      return choice;
+    },
+    openConsole: async id => {
+      calls.push(`reopen ${id}`);
+      return consoles.includes(id);
     },
     newNotebook: async dir => {
       const path = `${dir ? dir + '/' : ''}Untitled.ipynb`;
@@ -96,11 +116,70 @@ describe('resumeInto', () => {
     expect(await resumeInto(row(), 'notebook', fake)).toBeNull();
     expect(calls).toEqual(['confirm work/train.ipynb']);
   });
-  it('falls back to a console when its notebook is gone', async () => {
-    const { fake, calls } = host([]);
-    const done = await resumeInto(row(), 'notebook', fake);
-    expect(done?.path).toBeNull();
-    expect(calls).toEqual(['resume img1 -', 'open console k1']);
+  it('asks where to resume when its notebook is gone, never guessing', async () => {
+    const cancelled = host([]);
+    expect(await resumeInto(row(), 'notebook', cancelled.fake)).toBeNull();
+    expect(cancelled.calls).toEqual(['ask notebook-gone']);
+
+    const picked = host(['work/other.ipynb'], true, {
+      choice: { target: 'notebook', path: 'work/other.ipynb' }
+    });
+    const done = await resumeInto(row(), 'notebook', picked.fake);
+    expect(done?.path).toBe('work/other.ipynb');
+    expect(picked.calls).toEqual([
+      'ask notebook-gone',
+      'confirm work/other.ipynb',
+      'resume img1 work/other.ipynb',
+      'open work/other.ipynb k1'
+    ]);
+
+    const console = host([], true, { choice: { target: 'console' } });
+    await resumeInto(row(), 'notebook', console.fake);
+    expect(console.calls).toEqual([
+      'ask notebook-gone',
+      'resume img1 -',
+      'open console k1'
+    ]);
+  });
+  it('asks too for a suspended kernel whose notebook file is gone', async () => {
+    const { fake, calls } = host([], true, { choice: { target: 'console' } });
+    await resumeInto(row({ suspendedKernel: 'k0' }), 'notebook', fake);
+    expect(calls).toEqual([
+      'ask notebook-gone',
+      'resume img1 -',
+      'open console k1'
+    ]);
+  });
+  it('resumes the image of a suspended kernel shut down since the list loaded', async () => {
+    const { fake, calls } = host(['work/train.ipynb'], true, { suspended: [] });
+    const done = await resumeInto(
+      row({ suspendedKernel: 'k0' }),
+      'notebook',
+      fake
+    );
+    expect(done?.path).toBe('work/train.ipynb');
+    expect(calls).toEqual([
+      'confirm work/train.ipynb',
+      'resume img1 work/train.ipynb',
+      'open work/train.ipynb k1'
+    ]);
+  });
+  it("reopens a suspended console's session, or asks when it is closed", async () => {
+    const console = row({ notebook: null, suspendedKernel: 'k0' });
+    const open = host([], true, { consoles: ['k0'] });
+    expect(await resumeInto(console, 'notebook', open.fake)).toBeNull();
+    expect(open.calls).toEqual(['reopen k0']);
+
+    const closed = host([], true, { choice: { target: 'new-notebook' } });
+    const done = await resumeInto(console, 'notebook', closed.fake);
+    expect(done?.path).toBe('Untitled.ipynb');
+    expect(closed.calls).toEqual([
+      'reopen k0',
+      'ask console-closed',
+      'create Untitled.ipynb',
+      'resume img1 Untitled.ipynb',
+      'open Untitled.ipynb k1'
+    ]);
   });
   it('opens a suspended kernel without starting another', async () => {
     const { fake, calls } = host();

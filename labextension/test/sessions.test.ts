@@ -6,10 +6,12 @@ import {
   deleteBlocked,
   entryState,
   filterRows,
+  followRenames,
   groupRows,
   imageLabel,
   isNamed,
   ISessionRow,
+  refusalText,
   rowActions,
   SavedSessionsModel,
   sessionRows
@@ -68,7 +70,7 @@ describe('sessionRows', () => {
         image('new', '2026-11-29T10:00:00Z'),
         { id: 'broken', state: 'invalid', error: 'bad signature' }
       ],
-      new Map(),
+      { kernelPaths: new Map() },
       ROOT
     );
     expect(rows.map(r => r.image.id)).toEqual(['new', 'old', 'broken']);
@@ -86,7 +88,7 @@ describe('sessionRows', () => {
           notebook_path: `${ROOT}/before-rename.ipynb`
         })
       ],
-      new Map([['k1', 'sub/renamed.ipynb']]),
+      { kernelPaths: new Map([['k1', 'sub/renamed.ipynb']]) },
       ROOT
     );
     expect(row.suspendedKernel).toBe('k1');
@@ -105,7 +107,7 @@ describe('filterRows', () => {
         notebook_path: `${ROOT}/eval.ipynb`
       })
     ],
-    new Map(),
+    { kernelPaths: new Map() },
     ROOT
   );
   it('matches notebook names ignoring case', () => {
@@ -119,7 +121,7 @@ describe('SavedSessionsModel', () => {
   it('goes from loading to ready and filters its rows', async () => {
     const model = new SavedSessionsModel(
       { listImages: async () => [image('a', '2026-11-29T10:00:00Z')] },
-      () => new Map(),
+      () => ({ kernelPaths: new Map() }),
       ROOT
     );
     let changes = 0;
@@ -141,7 +143,7 @@ describe('SavedSessionsModel', () => {
     let calls = 0;
     const model = new SavedSessionsModel(
       { listImages: async () => (calls++, []) },
-      () => new Map(),
+      () => ({ kernelPaths: new Map() }),
       ROOT
     );
     await Promise.all([model.refresh(), model.refresh()]);
@@ -161,7 +163,7 @@ describe('SavedSessionsModel', () => {
           return [image('a', '2026-11-29T10:00:00Z')];
         }
       },
-      () => new Map(),
+      () => ({ kernelPaths: new Map() }),
       ROOT
     );
     await model.refresh();
@@ -175,7 +177,7 @@ describe('SavedSessionsModel', () => {
   it('keeps row notes, such as why a delete was refused', () => {
     const model = new SavedSessionsModel(
       { listImages: async () => [] },
-      () => new Map(),
+      () => ({ kernelPaths: new Map() }),
       ROOT
     );
     let changes = 0;
@@ -201,7 +203,7 @@ describe('SavedSessionsModel', () => {
     ];
     const model = new SavedSessionsModel(
       { listImages: async () => images },
-      () => new Map(),
+      () => ({ kernelPaths: new Map() }),
       ROOT
     );
     await model.refresh();
@@ -242,7 +244,7 @@ describe('groupRows', () => {
         image('console', '2026-11-28T09:00:00Z', { kernel_id: 'k2' }),
         image('console-old', '2026-11-28T08:00:00Z', { kernel_id: 'k2' })
       ],
-      new Map(),
+      { kernelPaths: new Map() },
       ROOT
     );
     const entries = groupRows(rows).map(e => [
@@ -262,7 +264,7 @@ describe('groupRows', () => {
         image('x1', '2026-11-28T12:00:00Z', bad),
         image('x2', '2026-11-28T11:00:00Z', bad)
       ],
-      new Map(),
+      { kernelPaths: new Map() },
       ROOT
     );
     expect(groupRows(rows).map(e => e.older.length)).toEqual([0, 0]);
@@ -328,9 +330,9 @@ describe('deleteBlocked and imageLabel', () => {
   it('names an image by its name and short id, never by its notebook', () => {
     const id = '3f9a2c51e0b4d6e7f8a9b0c1d2e3f4a5';
     expect(imageLabel(image(id, '2026-11-28T12:00:00Z'))).toBe(
-      `img-${id} (3f9a2c51e0b4)`
+      `img-${id} (3f9a2c51)`
     );
-    expect(imageLabel({ id, state: 'saved' })).toBe('3f9a2c51e0b4');
+    expect(imageLabel({ id, state: 'saved' })).toBe('3f9a2c51');
   });
 });
 
@@ -404,6 +406,153 @@ describe('what an entry says about its images', () => {
     ).toBe('4 new variables');
     expect(changeSince(older, older)).toBe(
       'same size and variables as the one before'
+    );
+  });
+});
+
+describe('renames made in this JupyterLab', () => {
+  const T = Date.parse('2026-11-29T10:00:00Z');
+  it('carry the images saved before them, and only those', () => {
+    const renames = [{ from: 'Untitled.ipynb', to: 'A.ipynb', at: T }];
+    expect(followRenames('Untitled.ipynb', T - 1000, renames)).toBe('A.ipynb');
+    // a new Untitled.ipynb made after the rename is another notebook
+    expect(followRenames('Untitled.ipynb', T + 1000, renames)).toBe(
+      'Untitled.ipynb'
+    );
+  });
+  it('follow a directory renamed, and renames in a row', () => {
+    const renames = [
+      { from: 'work', to: 'done', at: T },
+      { from: 'done/a.ipynb', to: 'done/b.ipynb', at: T + 10 }
+    ];
+    expect(followRenames('work/a.ipynb', T - 1, renames)).toBe('done/b.ipynb');
+    expect(followRenames('workshop/a.ipynb', T - 1, renames)).toBe(
+      'workshop/a.ipynb'
+    );
+  });
+  it('retitle the entry at once, without a reload', async () => {
+    const model = new SavedSessionsModel(
+      {
+        listImages: async () => [
+          image('u', '2026-11-29T09:00:00Z', {
+            notebook_path: `${ROOT}/Untitled.ipynb`
+          })
+        ]
+      },
+      () => ({ kernelPaths: new Map() }),
+      ROOT
+    );
+    await model.refresh();
+    let changes = 0;
+    model.changed.connect(() => changes++);
+    model.noteRename('Untitled.ipynb', 'A.ipynb');
+    expect(changes).toBe(1);
+    expect(model.allRows[0].title).toBe('A.ipynb');
+    expect(model.allRows[0].notebook).toBe('A.ipynb');
+  });
+});
+
+describe('console images', () => {
+  it('are titled after their console and the notebook they came from', () => {
+    const rows = sessionRows(
+      [
+        image('nb', '2026-11-29T09:00:00Z', {
+          kernel_id: 'k-nb',
+          notebook_path: `${ROOT}/B.ipynb`
+        }),
+        image('c1', '2026-11-29T10:00:00Z', {
+          kernel_id: 'c91d1d21-0000-4000-8000-000000000000',
+          parent: 'nb'
+        }),
+        image('c2', '2026-11-29T11:00:00Z', {
+          kernel_id: 'c91d1d21-0000-4000-8000-000000000000',
+          parent: 'c1'
+        }),
+        image('lone', '2026-11-29T12:00:00Z', {
+          kernel_id: 'dfd48e18-c88a-4000-8000-000000000000',
+          notebook_path: `${ROOT}/Console 2`
+        }),
+        image('bare', '2026-11-29T13:00:00Z', {
+          kernel_id: 'ab12cd34-0000-4000-8000-000000000000'
+        })
+      ],
+      {
+        kernelPaths: new Map(),
+        consoles: new Map([
+          ['c91d1d21-0000-4000-8000-000000000000', 'Console 3']
+        ])
+      },
+      ROOT
+    );
+    const title = (id: string) => rows.find(r => r.image.id === id)!.title;
+    expect(title('c2')).toBe('Console 3 (from B.ipynb)');
+    expect(title('c1')).toBe('Console 3 (from B.ipynb)');
+    expect(title('lone')).toBe('Console 2');
+    expect(title('bare')).toBe('Console of kernel ab12cd34');
+    // a console is no notebook: its images never merge into a notebook's entry
+    expect(rows.find(r => r.image.id === 'lone')!.notebook).toBeNull();
+  });
+});
+
+describe('actions on a row', () => {
+  it('run one at a time: a second click while the first runs does nothing', async () => {
+    const model = new SavedSessionsModel(
+      { listImages: async () => [] },
+      () => ({ kernelPaths: new Map() }),
+      ROOT
+    );
+    let runs = 0;
+    let finish: () => void = () => undefined;
+    const action = () =>
+      new Promise<void>(resolve => {
+        runs++;
+        finish = resolve;
+      });
+    const first = model.act('img', action);
+    expect(model.isActing('img')).toBe(true);
+    await model.act('img', action); // returns at once
+    expect(runs).toBe(1);
+    finish();
+    await first;
+    expect(model.isActing('img')).toBe(false);
+    await Promise.all([model.act('img', async () => void runs++)]);
+    expect(runs).toBe(2);
+  });
+  it('count entries, not images, when the filter hides them all', async () => {
+    const model = new SavedSessionsModel(
+      {
+        listImages: async () => [
+          image('a1', '2026-11-29T09:00:00Z', { notebook_path: 'a.ipynb' }),
+          image('a2', '2026-11-29T10:00:00Z', { notebook_path: 'a.ipynb' }),
+          image('b1', '2026-11-29T11:00:00Z', { notebook_path: 'b.ipynb' })
+        ]
+      },
+      () => ({ kernelPaths: new Map() }),
+      ROOT
+    );
+    await model.refresh();
+    model.query = 'nothing';
+    expect(model.entries).toHaveLength(0);
+    expect(model.entryCount).toBe(2);
+  });
+});
+
+describe('refusalText', () => {
+  const image = '3f9a2c51e0b4d6e7f8a9b0c1d2e3f4a5';
+  const kernel = 'dfd48e18-c88a-4617-8293-a4b5c6d7e8f9';
+  it('says what holds the image, in words that fit the kernel', () => {
+    const running = refusalText(
+      `image ${image} is needed by running kernel ${kernel}; resume or shut down that kernel first`
+    );
+    expect(running).toBe(
+      'running kernel dfd48e18 keeps it to recover from a crash. Its next autosave, or shutting that kernel down, releases it.'
+    );
+    expect(running).not.toContain('resume');
+    expect(
+      refusalText(`image ${image} is needed by suspended kernel ${kernel}; x`)
+    ).toContain('suspended kernel dfd48e18 needs it to come back');
+    expect(refusalText(`refusing to delete image ${image}: bad`)).toBe(
+      'refusing to delete image 3f9a2c51: bad'
     );
   });
 });

@@ -25,7 +25,7 @@ describe('VariablesTable', () => {
         }}
       />
     );
-    expect(html).toContain(`<code title="${ID}">3f9a2c51e0b4</code>`);
+    expect(html).toContain(`<code title="${ID}">3f9a2c51</code>`);
     expect(html).toContain('1 of 1 variables saved');
   });
 });

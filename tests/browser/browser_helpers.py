@@ -93,6 +93,53 @@ def toast(page: Page, text: str) -> Locator:
     return page.locator(".jp-toast-message").filter(has_text=text)
 
 
+def toast_action(page: Page, text: str, action: str) -> Locator:
+    """A button of the notification that says ``text``."""
+    return (
+        page.locator(".Toastify__toast")
+        .filter(has=toast(page, text))
+        .get_by_role("button", name=action)
+    )
+
+
+# WCAG's contrast ratio of an element's text against what it is drawn on: its own
+# background, else the first ancestor's that is not transparent (over white)
+_CONTRAST = """el => {
+  const rgba = c => {
+    const p = c.match(/[\\d.]+/g).map(Number);
+    return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1];
+  };
+  const layers = [];
+  for (let n = el; n && n.nodeType === 1; n = n.parentElement) {
+    const c = rgba(getComputedStyle(n).backgroundColor);
+    if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+  }
+  let base = [255, 255, 255];
+  for (const c of layers.reverse()) base = base.map((v, i) => c[i] * c[3] + v * (1 - c[3]));
+  const f = rgba(getComputedStyle(el).color);
+  const fg = base.map((v, i) => f[i] * f[3] + v * (1 - f[3]));
+  const lum = rgb => rgb.map(v => {
+    v /= 255;
+    return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+  }).reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+  const [hi, lo] = [lum(fg), lum(base)].sort((a, b) => b - a);
+  return (hi + 0.05) / (lo + 0.05);
+}"""
+
+
+def assert_contrast(target: Locator, minimum: float = 4.5) -> None:
+    """The text of ``target`` meets WCAG AA (4.5:1) against its background."""
+    ratio = target.evaluate(_CONTRAST)
+    assert ratio >= minimum, f"contrast {ratio:.2f}:1 of {target} is below {minimum}:1"
+
+
+def assert_inside(inner: Locator, outer: Locator) -> None:
+    """``inner`` is drawn within the width of ``outer`` (nothing overflows it)."""
+    a, b = inner.bounding_box(), outer.bounding_box()
+    assert a and b, (a, b)
+    assert b["x"] <= a["x"] and a["x"] + a["width"] <= b["x"] + b["width"] + 0.5, (a, b)
+
+
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll the server (a few times a second, not to load it) until ``condition`` holds."""
     deadline = time.monotonic() + timeout

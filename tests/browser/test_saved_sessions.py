@@ -8,8 +8,10 @@ from browser_helpers import (
     KERNEL_IDLE,
     PANEL,
     STATUS,
+    assert_contrast,
     ckpt_state,
     confirm,
+    entries,
     image_row,
     open_notebook,
     open_panel,
@@ -17,6 +19,8 @@ from browser_helpers import (
     saved_image_id,
     screenshot,
     toast,
+    toast_action,
+    wait_until,
 )
 from browser_lab import RESTORE_WAIT, STEADY_KERNEL, Lab
 from playwright.sync_api import Page, expect
@@ -47,17 +51,31 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
     screenshot(page.locator(PANEL), "panel")
 
     search = panel.get_by_role("searchbox", name="Filter saved sessions by notebook name")
+    shown = entries(panel).count()
     search.fill("nothing-like")
     expect(row).to_have_count(0)
-    expect(panel).to_contain_text("No saved session matches")
+    # it counts what the list shows, entries, not the images folded in them
+    see = "the one there is" if shown == 1 else f"all {shown}"
+    expect(panel).to_contain_text(
+        f"No saved session matches “nothing-like”. Clear the filter to see {see}."
+    )
     search.fill("DETAILS")
     expect(row).to_have_count(1)
 
-    # keyboard: from the filter, Tab reaches the row's buttons in reading order
+    # keyboard: the entry is one tab stop; arrows move among its buttons; Esc on the
+    # Resume menu gives the keyboard back to the button that opened it
     search.press("Tab")
+    expect(row).to_be_focused()
+    page.keyboard.press("ArrowRight")
     expect(row.get_by_role("button", name="Resume details.ipynb")).to_be_focused()
-    page.keyboard.press("Tab")
-    expect(row.get_by_role("button", name="Resume options for details.ipynb")).to_be_focused()
+    page.keyboard.press("ArrowRight")
+    options = row.get_by_role("button", name="Resume options for details.ipynb")
+    expect(options).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator(".jp-CkptResumeMenu")).to_be_visible()
+    page.keyboard.press("Escape")
+    expect(page.locator(".jp-CkptResumeMenu")).to_have_count(0)
+    expect(options).to_be_focused()
     page.keyboard.press("Tab")
     expect(row.get_by_role("button", name="Details of details.ipynb")).to_be_focused()
     page.keyboard.press("Enter")
@@ -70,17 +88,26 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
     screenshot(dialog.locator(".jp-Dialog-content"), "details")
     confirm(page, "Close")
 
-    use_theme(page, "JupyterLab Dark")
+    # readable in both themes, at both widths: Delete and the "Not saved" line
+    delete = row.get_by_role("button", name="Delete details.ipynb")
+    for theme, suffix in (("JupyterLab Light", ""), ("JupyterLab Dark", "-dark")):
+        use_theme(page, theme)
+        assert_contrast(delete)
+        assert_contrast(row.locator(".jp-CkptRow-problem"))
+        for width in (1400, 800):
+            page.set_viewport_size({"width": width, "height": 900})
+            screenshot(page, f"lab-panel{suffix}-{width}")
+        page.set_viewport_size({"width": 1400, "height": 900})
     screenshot(page.locator(PANEL), "panel-dark")
     use_theme(page, "JupyterLab Light")
 
     row.get_by_role("button", name="Delete details.ipynb").click()
     # the confirmation and the notification name the image, not the notebook file
     expect(page.locator(".jp-Dialog-content")).to_contain_text(
-        f"Delete image with-file ({image_id[:12]}) of details.ipynb?"
+        f"Delete image with-file ({image_id[:8]}) of details.ipynb?"
     )
     confirm(page, "Delete image")
-    expect(toast(page, f"Deleted image with-file ({image_id[:12]})")).to_be_visible()
+    expect(toast(page, f"Deleted image with-file ({image_id[:8]})")).to_be_visible()
     expect(row).to_have_count(0)
     assert not any(i["id"].startswith(image_id) for i in lab.api("GET", "api/ckpt/images"))
 
@@ -102,7 +129,10 @@ def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: La
     expect(page.locator(STATUS)).to_have_text("suspends in 2 h")
 
     run_command(page, "Save Kernel State Now")
-    expect(toast(page, "Checkpoint saved")).to_contain_text("Not saved: fh")
+    # the variable that could not be saved, in plain words, with what to do about it
+    expect(toast(page, "Kernel state saved")).to_contain_text("fh cannot be saved.")
+    expect(toast_action(page, "Kernel state saved", "Show details")).to_be_visible()
+    expect(toast_action(page, "Kernel state saved", "Exclude it")).to_be_visible()
     kernel_id = lab.kernel_of(notebook)
     # a state the user chose to keep, under a name of its own (marked in the panel)
     names = [
@@ -110,21 +140,50 @@ def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: La
     ]
     assert len(names) == 1 and re.fullmatch(r"saved-\d{4}-\d\d-\d\d-\d{4}", names[0]), names
 
-    # on_unsaveable="keep": the kernel stays up and the notification names the variable
+    # on_unsaveable="keep": the kernel stays up and the notification names the variable,
+    # whole, with no setting names, and offers the ways out
     run_command(page, "Suspend Kernel Now")
-    expect(toast(page, "Suspend failed: variables cannot be saved")).to_contain_text("fh")
+    refused = toast(page, "Not suspended. fh cannot be saved.")
+    expect(refused).to_be_visible()
+    expect(refused).not_to_contain_text("on_unsaveable")
+    for action in ("Show details", "Exclude it", "Suspend anyway, losing fh"):
+        expect(toast_action(page, "Not suspended.", action)).to_be_visible()
     status = page.locator(STATUS)
-    expect(status).to_have_text(
-        "Not suspended: fh is an open file (`del fh`, or `%ckpt exclude fh`)"
-    )
+    expect(status).to_have_text("Not suspended: fh is an open file")
+    screenshot(page, "notification-unsaveable")
     screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-not-suspended")
+    toast_action(page, "Not suspended.", "Show details").click()
+    expect(page.locator(".jp-Dialog-content")).to_contain_text("fh is an open file")
+    confirm(page, "Close")
+    toast_action(page, "Not suspended.", "Exclude it").click()
+    expect(toast(page, "fh will be left out of this kernel's saved state")).to_be_visible()
     # the status follows at once when the cause goes away, not at the next attempt
     run_cell(page, "del fh")
     expect(status).to_have_text("suspends in 2 h")
 
+    # the palette lists the commands beside JupyterLab's kernel commands, and finds them
+    # by "resume" and "checkpoint" too
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").click()
+    page.keyboard.press("Control+Shift+C")
+    palette = page.locator(".lm-CommandPalette-input")
+    for query, label in (
+        ("resume", "Resume Saved Session…"),
+        ("checkpoint", "Save Kernel State Now (Checkpoint)"),
+    ):
+        palette.fill(query)
+        expect(page.locator(".lm-CommandPalette-item").filter(has_text=label)).to_be_visible()
+    # the search covers the category: under "Kernel Operations" (not "Kernel")
+    palette.fill("operations show saved sessions")
+    expect(
+        page.locator(".lm-CommandPalette-item").filter(has_text="Show Saved Sessions")
+    ).to_be_visible()
+    page.keyboard.press("Escape")
+
     run_command(page, "Show Saved Sessions")
     panel = page.locator(PANEL)
     expect(panel).to_be_visible()
+    # the keyboard goes with it: to its first entry
+    expect(panel.locator(".jp-CkptPanel-list > .jp-CkptRow").first).to_be_focused()
     expect(panel.locator(".jp-CkptRow").first).to_contain_text("commands.ipynb")
 
     # a checkpoint made elsewhere reaches the open panel through the server's events,
@@ -139,6 +198,15 @@ def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: La
     for label in ("Save Kernel State Now", "Suspend Kernel Now", "Show Saved Sessions"):
         expect(page.locator(f".lm-Menu-itemLabel:text-is('{label}')")).to_be_visible()
     page.keyboard.press("Escape")
+
+    # the panel is part of the layout JupyterLab saves: open again after a reload
+    def left_current() -> str | None:
+        data = lab.api("GET", "lab/api/workspaces/commands-ipynb")["data"]
+        return data.get("layout-restorer:data", {}).get("left", {}).get("current")
+
+    wait_until(lambda: left_current() == PANEL[1:], 30, "the layout saved with the panel open")
+    page.goto(f"{lab.url}/lab/workspaces/commands-ipynb")
+    expect(page.locator(PANEL)).to_be_visible(timeout=60_000)
 
 
 def test_resume_an_image_into_its_notebook(page: Page, lab: Lab) -> None:
@@ -155,25 +223,51 @@ def test_resume_an_image_into_its_notebook(page: Page, lab: Lab) -> None:
     lab.api("DELETE", f"api/kernels/{old_kernel}")
 
     row = image_row(open_panel(page), image_id)
-    row.get_by_role("button", name="Resume resume.ipynb").click()
+    # a double click runs one resume: the row's buttons are disabled while it runs
+    resume = row.get_by_role("button", name="Resume resume.ipynb")
+    resume.dblclick()
+    expect(resume).to_be_disabled()
     expect(toast(page, "Resumed resume.ipynb")).to_be_visible(timeout=RESTORE_WAIT)
     expect(run_cell(page, "y * 6")).to_contain_text("42")
+    expect(toast(page, "Resumed resume.ipynb")).to_have_count(1)
     assert lab.kernel_of(notebook) != old_kernel
 
 
-def test_resume_without_its_notebook_opens_a_console(page: Page, lab: Lab) -> None:
+def test_renamed_then_deleted_notebook_follows_and_asks_where_to_resume(
+    page: Page, lab: Lab
+) -> None:
     notebook = lab.notebook("gone.ipynb", STEADY_KERNEL)
     open_notebook(page, lab, notebook)
     run_cell(page, "%load_ext jupyter_ckpt")
     run_cell(page, "z = 5")
     image_id = saved_image_id(run_cell(page, "%ckpt save before-delete"))
+    panel = open_panel(page)
+    expect(image_row(panel, image_id).locator(".jp-CkptRow-title")).to_contain_text("gone.ipynb")
+
+    # renamed here: the entry follows at once, under the new name
+    page.locator(".lm-MenuBar-itemLabel:text-is('File')").click()
+    page.locator(".lm-Menu-itemLabel:text-is('Rename Notebook…')").click()
+    name = page.locator(".jp-Dialog input")
+    name.fill("moved.ipynb")
+    confirm(page, "Rename")
+    row = image_row(panel, image_id)
+    expect(row.locator(".jp-CkptRow-title")).to_contain_text("moved.ipynb")
+    expect(row.get_by_role("button", name="Resume moved.ipynb")).to_be_visible()
+
     page.locator(".jp-mod-current .lm-TabBar-tabCloseIcon").click()
     confirm(page, "Discard")
-    lab.api("DELETE", f"api/kernels/{lab.kernel_of(notebook)}")
-    lab.api("DELETE", f"api/contents/{notebook}")
+    expect(page.locator(".jp-NotebookPanel")).to_have_count(0)
+    lab.api("DELETE", f"api/kernels/{lab.kernel_of('moved.ipynb')}")
+    lab.api("DELETE", "api/contents/moved.ipynb")
 
-    row = image_row(open_panel(page), image_id)
-    row.get_by_role("button", name="Resume gone.ipynb").click()
+    # the file is gone: Resume asks where, rather than guessing
+    row.get_by_role("button", name="Resume moved.ipynb").click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("moved.ipynb was renamed or deleted")
+    for choice in ("Pick a Notebook…", "New Notebook", "Console", "Cancel"):
+        expect(dialog.get_by_role("button", name=choice)).to_be_visible()
+    screenshot(page, "resume-ask-where")
+    confirm(page, "Console")
     console = page.locator(".jp-CodeConsole")
     expect(console).to_be_visible(timeout=RESTORE_WAIT)
     # the console clears its cells when it connects to its kernel: a cell run before
@@ -189,6 +283,15 @@ def test_resume_without_its_notebook_opens_a_console(page: Page, lab: Lab) -> No
     page.keyboard.press("Shift+Enter")
     expect(console.locator(".jp-CodeConsole-content .jp-OutputArea-output")).to_have_text(
         "10", timeout=RESTORE_WAIT
+    )
+
+    # the console's own images are titled after it and the notebook it came from
+    console_kernel = next(
+        s["kernel"]["id"] for s in lab.api("GET", "api/sessions") if s["type"] == "console"
+    )
+    later = lab.api("POST", f"api/ckpt/kernels/{console_kernel}/checkpoint", {})
+    expect(image_row(open_panel(page), later["id"]).locator(".jp-CkptRow-title")).to_contain_text(
+        re.compile(r"^Console \d+ \(from moved\.ipynb\)")
     )
 
 

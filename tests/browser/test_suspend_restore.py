@@ -38,6 +38,10 @@ def test_idle_kernel_is_suspended_and_its_image_kept(page: Page, lab: Lab) -> No
     expect(suspend).to_have_attribute(
         "aria-label", re.compile(r"Not available now: the kernel is suspended")
     )
+    # JupyterLab's own kernel indicator in the toolbar is marked suspended
+    indicator = toolbar.locator("[data-jp-item-name='executionProgress']")
+    expect(indicator).to_have_class(re.compile(r"\bjp-mod-ckptSuspended\b"))
+    expect(indicator).to_have_attribute("title", re.compile(r"^Kernel suspended"))
     # and so does the Kernel menu, in a few words
     page.locator(".lm-MenuBar-itemLabel:text-is('Kernel')").click()
     item = page.locator(".lm-Menu-item[data-command='jupyter-ckpt:suspend']")
@@ -56,3 +60,11 @@ def test_idle_kernel_is_suspended_and_its_image_kept(page: Page, lab: Lab) -> No
     expect(delete).to_have_attribute("title", re.compile("A suspended kernel needs this image"))
     screenshot(page.locator(PANEL), "panel-suspended")
     assert any(i.get("kernel_id") == kernel_id for i in lab.api("GET", "api/ckpt/images"))
+
+    # shut down here: the entry follows at once (well before the panel's once-a-minute
+    # refresh), and its button resumes the image instead of opening a kernel that is gone
+    page.locator(".lm-MenuBar-itemLabel:text-is('Kernel')").click()
+    page.locator(".lm-Menu-itemLabel:text-is('Shut Down Kernel')").click()
+    expect(row.locator(".jp-CkptBadge")).to_have_text("Saved", timeout=15_000)
+    expect(row.get_by_role("button", name="Resume idle.ipynb")).to_be_visible()
+    expect(indicator).not_to_have_class(re.compile(r"\bjp-mod-ckptSuspended\b"))
