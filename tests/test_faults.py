@@ -29,15 +29,21 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import Kernel, KernelError, MotoServer, Outage, Paths, S3Paths, tmpfs, wait_for
+from harness import (
+    S3_TIMEOUTS,
+    Kernel,
+    KernelError,
+    MotoServer,
+    Outage,
+    Paths,
+    S3Paths,
+    tmpfs,
+    wait_for,
+)
 
 from jupyter_ckpt.store import ImageStore
 
 MiB = 1 << 20
-# Short client timeouts, so a stopped S3 server shows as an error within seconds.
-S3_TIMEOUTS = {
-    "config_kwargs": {"connect_timeout": 1, "read_timeout": 2, "retries": {"max_attempts": 1}}
-}
 # State big enough that a save is still writing when the fault lands.
 BIG = {"local": 384 * MiB, "s3": 96 * MiB}
 
@@ -85,21 +91,6 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Paths:
 
 def kind(paths: Paths) -> str:
     return "s3" if isinstance(paths, S3Paths) else "local"
-
-
-@pytest.fixture
-def kernels() -> Iterator[Callable[[Paths], Kernel]]:
-    started: list[Kernel] = []
-
-    def start(paths: Paths) -> Kernel:
-        kernel = Kernel(paths)
-        started.append(kernel)
-        kernel.run("%load_ext jupyter_ckpt")
-        return kernel
-
-    yield start
-    for kernel in started:
-        kernel.shutdown()
 
 
 def stored_bytes(store: ImageStore) -> int:
@@ -212,14 +203,6 @@ def test_full_disk_is_named_and_the_kernel_keeps_its_state(small_disk: Paths, ke
 
 
 # -- the S3 server stops -------------------------------------------------------------------
-
-
-@pytest.fixture
-def outage(moto: MotoServer) -> Iterator[Outage]:
-    """The S3 server as its clients see it: it can stop and start again."""
-    server = Outage(moto.url)
-    yield server
-    server.close()
 
 
 @pytest.fixture
