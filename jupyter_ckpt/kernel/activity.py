@@ -39,6 +39,12 @@ KERNEL_PACKAGES = (
     "jupyter_ckpt",
 )
 
+# Threads the store's clients (fsspec's event loop, the DNS resolver aiohttp may use) keep
+# for the life of the process once the kernel has talked to an object store: idle by
+# design, not the user's work (by thread name, and by package).
+CLIENT_THREAD_NAMES = ("fsspecIO",)
+CLIENT_PACKAGES = ("pycares",)
+
 # Thread pools: a worker waiting on its queue sits in these modules only and is idle; one
 # with a frame of any other module on its stack is running a job.
 POOL_MODULES = (
@@ -99,7 +105,7 @@ def busy_threads(ignore: list[str] | tuple[str, ...] = ()) -> list[str]:
         if thread is threading.main_thread() or thread is threading.current_thread():
             continue
         module, name = _thread_entry(thread)
-        if _in(module, KERNEL_PACKAGES):
+        if _in(module, KERNEL_PACKAGES + CLIENT_PACKAGES) or thread.name in CLIENT_THREAD_NAMES:
             continue
         if any(fnmatch.fnmatchcase(n, p) for p in ignore for n in (thread.name, name)):
             continue
