@@ -51,7 +51,7 @@ def _http_errors(
             raise web.HTTPError(400, str(exc)) from exc
         except (ImageInUse, IncompatibleImage, SuspendFailed) as exc:
             raise web.HTTPError(409, str(exc)) from exc
-        except StoreError as exc:  # the store is down, read-only or refuses us: try later
+        except StoreError as exc:  # the store is down, read-only, full or refuses us
             raise web.HTTPError(503, str(exc)) from exc
         except CkptError as exc:
             raise web.HTTPError(500, str(exc)) from exc
