@@ -104,7 +104,7 @@ def _check_dir(path: str) -> None:
         fix = f"remove the link ({path}) and try again"
     elif not stat.S_ISDIR(st.st_mode):
         problem, fix = "it is not a directory", f"move it away ({path}) and try again"
-    elif st.st_uid not in (uid, 0):  # root could read and change it anyway
+    elif uid != 0 and st.st_uid not in (uid, 0):  # root (a hub reading it) may use any
         problem = f"it belongs to uid {st.st_uid}, not to you (uid {uid})"
         fix = (
             "another user may have made it to read or remove your images; have it "
