@@ -139,8 +139,11 @@ class CkptBaseApp(JupyterApp):
         url = self.config.get("ImageStore", {}).get("url")
         if url is not None and not str(url).strip():
             raise CkptError("ImageStore.url is empty; give a directory or an fsspec URL")
+        # A secret file named on the command line must exist: a typo there would
+        # otherwise become a new secret that opens none of the user's images.
+        named = "secret_file" in self.cli_config.get("ImageStore", {})
         try:
-            return ImageStore(parent=self)
+            return ImageStore(parent=self, create_secret=not named)
         except TraitError as exc:  # a bad ImageStore value, from a config file or option
             raise CkptError(f"bad store configuration: {exc}") from exc
         except (ImportError, ValueError) as exc:  # fsspec: unknown protocol, missing package
@@ -296,8 +299,17 @@ class ExportImage(CkptBaseApp):
     examples = "jupyter ckpt export my-session session.tar"
     arguments = ("ID", "FILE")
 
+    force = Bool(False, help="Replace FILE if it exists.").tag(config=True)
+    flags = {
+        **CkptBaseApp.flags,
+        "force": ({"ExportImage": {"force": True}}, "Replace FILE if it exists."),
+    }
+
     def run(self, store: ImageStore, *args: str) -> list[str]:
-        return [f"Exported image {store.export(args[0], args[1])} to {args[1]}"]
+        ref, file = args
+        if os.path.lexists(file) and not self.force:
+            raise CkptError(f"{file} exists; give --force to replace it")
+        return [f"Exported image {store.export(ref, file)} to {file}"]
 
 
 class ImportImage(CkptBaseApp):
@@ -341,6 +353,7 @@ class RekeyImages(CkptBaseApp):
                 problem = f": {outcome.detail}" if outcome.result == "failed" else ""
                 verb = "Rekeyed" if outcome.result == "rekeyed" else "Could not rekey"
                 print(f"{verb} {outcome.kind} {outcome.ident}{detail}{problem}", flush=True)
+        store.follow_store_encryption()  # what every writer of this store now does
         summary = (
             f"{counts['rekeyed']} rewritten, {counts['current']} already current "
             f"(encryption for new images: {store.encryption})"

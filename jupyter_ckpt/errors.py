@@ -38,3 +38,28 @@ class ImageInUse(CkptError):
 
 class IncompatibleImage(CkptError):
     """The image cannot be restored on this node (jupyter_ckpt.compat says why)."""
+
+
+class StoreError(CkptError, OSError):
+    """The store itself failed: the message names the store and what to do.
+
+    Also an ``OSError``, so code that already treats an I/O failure as "cannot read this
+    object" (gc, listings, retention) keeps doing so, while every ``except CkptError``
+    (the server, the CLI, ``%ckpt``) shows the message instead of a traceback.
+    """
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached (object store down, network, endpoint, I/O error)."""
+
+
+class StoreReadOnly(StoreError):
+    """The store is mounted read-only: reads work, writes cannot."""
+
+
+class StorePermission(StoreError):
+    """The store refused this user an object or directory (permissions, ownership)."""
+
+
+class StoreFull(StoreError):
+    """The store has no space left."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import BUCKET, CREDENTIALS, Kernel, MotoServer, Paths
+from harness import BUCKET, CREDENTIALS, Kernel, MotoServer, Outage, Paths
 
 from jupyter_ckpt.store import ImageStore
 
@@ -125,6 +125,31 @@ def moto() -> Iterator[MotoServer]:
 @pytest.fixture(scope="module")
 def endpoint(moto: MotoServer) -> str:
     return moto.url
+
+
+@pytest.fixture
+def outage(moto: MotoServer) -> Iterator[Outage]:
+    """The S3 server as its clients see it: it can stop and start again."""
+    server = Outage(moto.url)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def kernels() -> Iterator[Callable[[Paths], Kernel]]:
+    """Starts kernels with %ckpt loaded, on the store of the Paths given; shuts them down
+    after the test."""
+    started: list[Kernel] = []
+
+    def start(paths: Paths) -> Kernel:
+        kernel = Kernel(paths)
+        started.append(kernel)
+        kernel.run("%load_ext jupyter_ckpt")
+        return kernel
+
+    yield start
+    for kernel in started:
+        kernel.shutdown()
 
 
 @pytest.fixture

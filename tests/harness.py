@@ -31,6 +31,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 # The S3 server of the tests (moto, on loopback: see the `endpoint` fixture)
 BUCKET = "ckpt-test"
 CREDENTIALS = {"key": "testing", "secret": "testing"}
+# Short client timeouts, so a stopped S3 server shows as an error within seconds.
+S3_TIMEOUTS = {
+    "config_kwargs": {"connect_timeout": 1, "read_timeout": 2, "retries": {"max_attempts": 1}}
+}
 EXEC_TIMEOUT = 120
 # S3 clients that give up within seconds when the server is gone, not after minutes
 S3_TIMEOUTS = {
@@ -161,51 +165,55 @@ class MotoServer:
 
 
 class Outage:
-    """A TCP forwarder in front of a server: ``stop`` resets every connection and closes
-    the port, as a crashed or stopped server would, and ``start`` opens it again on the
-    same port, with the server's data as it was."""
+    """A TCP forwarder in front of a server: ``stop`` resets every connection and every
+    new one, as a crashed server's host would, and ``start`` forwards again, to the server
+    with its data as it was. The port stays bound throughout, so that nothing else (a
+    kernel picking ports) can take it while the server is "down"."""
 
     def __init__(self, target: str) -> None:
         self.target = target.removeprefix("http://").split(":")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.server: asyncio.Server | None = None
         self.streams: set[asyncio.StreamWriter] = set()
-        self.start()
+        self.down = False
+
+        async def listen() -> asyncio.Server:
+            return await asyncio.start_server(self._forward, "127.0.0.1", 0)
+
+        self.server = self._call(listen())
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
 
     def start(self) -> None:
-        async def listen() -> None:
-            self.server = await asyncio.start_server(
-                self._forward, "127.0.0.1", self.port, reuse_address=True
-            )
-
-        self._call(listen())
+        self.down = False
 
     def stop(self) -> None:
-        async def close() -> None:
-            if self.server is not None:
-                self.server.close()
-                self.server = None
+        async def reset() -> None:
+            self.down = True
             for stream in self.streams:
                 stream.transport.abort()
             self.streams.clear()
 
-        self._call(close())
+        self._call(reset())
 
     def close(self) -> None:
         self.stop()
+
+        async def close() -> None:
+            self.server.close()
+
+        self._call(close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.transport.abort()
+            return
         host, port = self.target
         try:
             up_reader, up_writer = await asyncio.open_connection(host, int(port))

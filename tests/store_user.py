@@ -37,6 +37,13 @@ def run(store: ImageStore, action: str, *args: Any) -> Any:
     if action == "gc":
         result = store.gc(grace_seconds=0)
         return {"files": result.files, "notes": result.notes}
+    if action == "mkdir":  # make a directory by hand, as a neighbour on the store could
+        os.mkdir(args[0])
+        os.chmod(args[0], args[1])
+        return "made"
+    if action == "symlink":
+        os.symlink(args[0], args[1])
+        return "linked"
     if action == "rmtree":  # try to remove a directory of the store by hand
         os.rename(args[0], args[0] + ".gone")
         return "renamed"

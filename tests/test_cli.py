@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import node_file, plaintext_in, save_on_node
+from harness import BUCKET, CREDENTIALS, S3_TIMEOUTS, node_file, plaintext_in, save_on_node
 
 from jupyter_ckpt import image
 from jupyter_ckpt.store import ImageStore, chunk_path, manifest_path
@@ -347,7 +349,10 @@ def test_export_then_import_into_a_second_store(ckpt: Run, site: Site) -> None:
     tar = site.root / "session.tar"
     tar.write_bytes(b"an older export, readable by all")
     tar.chmod(0o644)
-    out = ok(ckpt("export", "session", str(tar)))
+    line = failed(ckpt("export", "session", str(tar)), 1)
+    assert line == f"jupyter ckpt export: {tar} exists; give --force to replace it"
+    assert tar.read_bytes() == b"an older export, readable by all"
+    out = ok(ckpt("export", "session", str(tar), "--force"))
     assert out.strip() == f"Exported image {manifest['id']} to {tar}"
     assert stat.S_IMODE(tar.stat().st_mode) == 0o600, "an image is private to its user"
     assert [p.name for p in site.root.iterdir() if p.name.startswith(".")] == []
@@ -384,8 +389,89 @@ def test_export_of_a_corrupt_image_writes_no_file(ckpt: Run, site: Site) -> None
 def test_import_of_a_file_that_is_no_export_exits_1(ckpt: Run, site: Site) -> None:
     bogus = site.root / "notes.txt"
     bogus.write_text("hello")
-    failed(ckpt("import", str(bogus)), 1)
-    failed(ckpt("import", str(site.root / "missing.tar")), 1, "No such file")
+    line = failed(ckpt("import", str(bogus)), 1)
+    assert line == (
+        f"jupyter ckpt import: {bogus}: not a jupyter-ckpt export (not a tar file); give a "
+        "file written by `jupyter ckpt export`"
+    )
+    missing = site.root / "missing.tar"
+    line = failed(ckpt("import", str(missing)), 1)
+    assert line == f"jupyter ckpt import: cannot read {missing}: No such file or directory"
+
+
+def test_export_errors_name_the_file_asked_for(ckpt: Run, site: Site) -> None:
+    site.save("session", a=1)
+    target = site.root / "missing-dir" / "session.tar"
+    line = failed(ckpt("export", "session", str(target)), 1)
+    assert line == f"jupyter ckpt export: cannot write {target}: No such file or directory"
+
+
+# -- the store fails -----------------------------------------------------------------------
+
+
+def closed_port() -> str:
+    """An endpoint on loopback where nothing listens."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    "args", [("list",), ("show", "work"), ("verify", "abc123"), ("rm", "work"), ("gc",)]
+)
+def test_s3_down_is_one_line_naming_the_store(ckpt: Run, args: tuple[str, ...]) -> None:
+    options = {"endpoint_url": closed_port(), **CREDENTIALS, **S3_TIMEOUTS}
+    env = {"JUPYTER_CKPT_STORE": f"s3://{BUCKET}/down", "FSSPEC_S3": json.dumps(options)}
+    line = failed(ckpt(*args, **env), 1)
+    url = f"s3://{BUCKET}/down/users/{USER}"
+    assert re.fullmatch(
+        rf"jupyter ckpt {args[0]}: cannot reach the store {re.escape(url)} \(.+"
+        rf"{re.escape(options['endpoint_url'])}.+\); check that it is up and reachable "
+        r"from here \(endpoint, network, credentials\), then try again",
+        line,
+    ), line
+
+
+def test_a_named_secret_file_is_never_created(ckpt: Run, site: Site) -> None:
+    site.save("session", a=1)
+    typo = site.root / "keys" / "secrte"
+    for args in (("list", f"--secret-file={typo}"), ("rekey", f"--old-secret-file={typo}")):
+        line = failed(ckpt(*args), 1)
+        assert line == (
+            f"jupyter ckpt {args[0]}: no secret file {typo}: give the path of an existing "
+            "secret (nothing was created there)"
+        )
+        assert not typo.exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "trait", "minimum", "value"),
+    [
+        ("--ImageStore.io_threads=0", "io_threads", 1, 0),
+        ("--ImageStore.max_images=-5", "max_images", 0, -5),
+    ],
+)
+def test_store_settings_out_of_range_are_refused(
+    ckpt: Run, option: str, trait: str, minimum: int, value: int
+) -> None:
+    line = failed(ckpt("list", option), 1)
+    assert line == (
+        f"jupyter ckpt list: bad store configuration: The value of the '{trait}' trait of "
+        f"an ImageStore instance should not be less than {minimum}, but a value of {value} "
+        "was specified"
+    )
+
+
+def test_an_image_that_fails_verification_is_named_so(ckpt: Run, site: Site) -> None:
+    manifest = site.save("session", a=1)
+    path = site.data / manifest_path(manifest["id"])
+    path.write_bytes(path.read_bytes().replace(b'"a"', b'"b"'))
+    for command in ("show", "rm", "verify"):
+        line = failed(ckpt(command, "session"), 1)
+        assert line == (
+            f"jupyter ckpt {command}: image 'session' ({manifest['id']}) cannot be used: "
+            f"image {manifest['id']}: the manifest was altered (signature mismatch)"
+        )
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -458,6 +544,12 @@ def test_rekey_encrypts_the_plaintext_images_and_records(ckpt: Run, site: Site) 
 
     again = ok(ckpt("rekey", "--encryption=aes-256-gcm")).strip()
     assert again == "0 rewritten, 2 already current (encryption for new images: aes-256-gcm)"
+    # a store that rekey encrypted stays so for writers configured without encryption
+    later = site.save("later", site.store(), weights_of_the_model=KNOWN["array bytes"] * 5000)
+    assert later["encryption"] == "aes-256-gcm"
+    assert plaintext_in(files(site.data), KNOWN) == {}
+    again = ok(ckpt("rekey")).strip()  # configured without encryption, as the server may be
+    assert again == "0 rewritten, 3 already current (encryption for new images: aes-256-gcm)"
 
 
 def test_rekey_moves_images_to_a_new_secret_given_in_the_environment(ckpt: Run, site: Site) -> None:

@@ -93,21 +93,6 @@ def kind(paths: Paths) -> str:
     return "s3" if isinstance(paths, S3Paths) else "local"
 
 
-@pytest.fixture
-def kernels() -> Iterator[Callable[[Paths], Kernel]]:
-    started: list[Kernel] = []
-
-    def start(paths: Paths) -> Kernel:
-        kernel = Kernel(paths)
-        started.append(kernel)
-        kernel.run("%load_ext jupyter_ckpt")
-        return kernel
-
-    yield start
-    for kernel in started:
-        kernel.shutdown()
-
-
 def stored_bytes(store: ImageStore) -> int:
     """Bytes of every file or object in the store, finished or not."""
     return sum(size for _, _, size in store.backend.walk_files(""))
@@ -218,14 +203,6 @@ def test_full_disk_is_named_and_the_kernel_keeps_its_state(small_disk: Paths, ke
 
 
 # -- the S3 server stops -------------------------------------------------------------------
-
-
-@pytest.fixture
-def outage(moto: MotoServer) -> Iterator[Outage]:
-    """The S3 server as its clients see it: it can stop and start again."""
-    server = Outage(moto.url)
-    yield server
-    server.close()
 
 
 @pytest.fixture

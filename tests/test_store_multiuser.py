@@ -194,3 +194,55 @@ def test_users_get_their_own_prefix_on_s3(endpoint: str, tmp_path: Path) -> None
     digest = mine["segments"][0]["chunks"][0][0]
     assert bob.gc(grace_seconds=0).files == 0
     assert alice.backend.exists(chunk_path(digest)) and alice.verify("run")
+
+
+# -- a careless or hostile neighbour -------------------------------------------------------
+
+
+def squat_refused(prefix: Path, problem: str, fix: str) -> str:
+    return f"StorePermission: refusing the store directory {prefix}: {problem}; {fix}"
+
+
+def test_a_prefix_made_by_another_user_is_refused(shared: Path) -> None:
+    """bob makes users/alice before alice's first save: she would save into a directory
+    he can read, rename and empty."""
+    as_user(shared, "bob", ["list"])
+    prefix = shared / "users" / "alice"
+    assert as_user(shared, "bob", ["mkdir", str(prefix), 0o777]) == [{"ok": "made"}]
+    (result,) = as_user(shared, "alice", ["save", "run", 7, 1])
+    assert result["error"] == squat_refused(
+        prefix,
+        f"it belongs to uid {USERS['bob']}, not to you (uid {USERS['alice']})",
+        "another user may have made it to read or remove your images; have it removed "
+        "(by its owner or an administrator) and try again",
+    )
+    assert list(prefix.iterdir()) == [], "nothing was written into it"
+
+
+def test_a_symlinked_prefix_is_refused(shared: Path) -> None:
+    as_user(shared, "bob", ["list"])
+    prefix, target = shared / "users" / "alice", shared.parent / "bob"
+    assert as_user(shared, "bob", ["symlink", str(target), str(prefix)]) == [{"ok": "linked"}]
+    (result,) = as_user(shared, "alice", ["save", "run", 7, 1])
+    assert result["error"] == squat_refused(
+        prefix, f"it is a symbolic link (to {target})", f"remove the link ({prefix}) and try again"
+    )
+
+
+def test_a_directory_of_the_prefix_that_others_may_write_is_refused(shared: Path) -> None:
+    (saved,) = as_user(shared, "alice", ["save", "run", 7, 1])
+    assert "ok" in saved, saved
+    prefix = shared / "users" / "alice"
+    modes = {
+        str(d.relative_to(prefix)): stat.S_IMODE(d.stat().st_mode) & 0o777
+        for d in [prefix, *prefix.rglob("*")]
+        if d.is_dir()
+    }
+    assert set(modes.values()) == {0o700}, f"every directory private: {modes}"
+    (prefix / "chunks").chmod(0o777)
+    (result,) = as_user(shared, "alice", ["list"])
+    assert result["error"] == squat_refused(
+        prefix / "chunks",
+        "other users may write to it (mode 777)",
+        f"run: chmod -R go-w {prefix / 'chunks'}",
+    )

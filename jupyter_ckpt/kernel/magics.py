@@ -76,7 +76,7 @@ class CkptMagics(Magics):
             return
         try:
             print("\n".join(getattr(self, f"_{args.command}")(args)))
-        except CkptError as exc:
+        except (CkptError, OSError) as exc:  # one line: the store errors name what to do
             print(f"%ckpt {args.command}: {exc}")
 
     def _save(self, args: Any) -> list[str]:

@@ -14,16 +14,26 @@ and writing while the disk drains, and the fsyncs at commit find the data mostly
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
+import functools
+import inspect
 import os
 import secrets
 import time
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
-from ..errors import CkptError
+from ..errors import (
+    CkptError,
+    StoreError,
+    StoreFull,
+    StorePermission,
+    StoreReadOnly,
+    StoreUnavailable,
+)
 
 
 class Backend(Protocol):
@@ -65,12 +75,122 @@ def _read_fully(fd: int, out: memoryview) -> int:
     return total
 
 
-def _raise_if_full(exc: BaseException, root: str) -> None:
-    """A full disk gets a message that names the store."""
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        raise CkptError(f"the store {root} is full (no space left on device)") from exc
+# -- errors ------------------------------------------------------------------------------
+# Every failure of the store becomes a StoreError here, once, with a message that names the
+# store and what to do: everything above (the image store, the server, the command line,
+# %ckpt) then shows one line instead of a traceback from fsspec, botocore or aiohttp.
+
+# Raised for a missing object: the store above reads them as "no such image", not failures.
+_ABSENT = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError)
+# Libraries whose own exception types (not OSErrors) mean "the store did not answer".
+_NETWORK_LIBRARIES = frozenset({"botocore", "aiobotocore", "aiohttp", "urllib3", "requests"})
+# What a store method does, for the message when it is refused.
+_WRITES = frozenset({"write_atomic", "stage", "publish", "discard", "remove", "sync_dir"})
+_READS = frozenset(
+    {
+        "read_bytes",
+        "read_into",
+        "exists",
+        "reusable",
+        "mtime",
+        "listdir",
+        "walk_files",
+        "fingerprints",
+    }
+)
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
+def _cause(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _from_network(exc: BaseException) -> bool:
+    return isinstance(exc, asyncio.TimeoutError) or any(
+        c.__module__.partition(".")[0] in _NETWORK_LIBRARIES for c in type(exc).__mro__
+    )
+
+
+def store_error(exc: BaseException, url: str, write: bool) -> StoreError | None:
+    """The StoreError that ``exc``, raised by the store at ``url``, means for a user; None
+    for what is not a failure of the store (a missing object, our own errors)."""
+    if isinstance(exc, (CkptError, *_ABSENT)) or not isinstance(exc, Exception):
+        return None
+    cause = _cause(exc)
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code == errno.ENOSPC or code == errno.EDQUOT:
+        return StoreFull(
+            f"the store {url} is full (no space left on device); free space with "
+            "`jupyter ckpt rm` and `jupyter ckpt gc`, or set ImageStore.quota_bytes"
+        )
+    if code == errno.EROFS:
+        return StoreReadOnly(
+            f"the store {url} is read-only ({cause}): images can be listed, shown, "
+            "verified and restored, but not saved or removed; mount it writable, or save "
+            "to another store (ImageStore.url)"
+        )
+    if isinstance(exc, PermissionError):
+        if write:
+            return StorePermission(
+                f"no permission to write to the store {url} ({cause}): images can be read "
+                "but not saved or removed; ask the store's owner for write access, or save "
+                "to another store (ImageStore.url)"
+            )
+        return StorePermission(
+            f"no permission to read the store {url} ({cause}); ask the store's owner to "
+            "give you read access"
+        )
+    if isinstance(exc, OSError) or _from_network(exc):
+        return StoreUnavailable(
+            f"cannot reach the store {url} ({cause}); check that it is up and reachable "
+            "from here (endpoint, network, credentials), then try again"
+        )
+    return None
+
+
+def _mapped(method: _F, write: bool) -> _F:
+    """``method`` raising StoreErrors (see :func:`store_error`) instead of its own."""
+
+    def translate(backend: Any, exc: Exception) -> None:
+        error = store_error(exc, backend.url, write)
+        if error is not None:
+            raise error from exc
+
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def generator(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            try:
+                yield from method(self, *args, **kwargs)
+            except Exception as exc:
+                translate(self, exc)
+                raise
+
+        return generator  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            translate(self, exc)
+            raise
+
+    return call  # type: ignore[return-value]
+
+
+_B = TypeVar("_B", bound=type)
+
+
+def _store_errors(cls: _B) -> _B:
+    """Every Backend method of ``cls`` raises StoreErrors for the store's failures."""
+    for name in _WRITES | _READS:
+        setattr(cls, name, _mapped(getattr(cls, name), name in _WRITES))
+    return cls
+
+
+@_store_errors
 class LocalBackend:
     """A private directory: dirs 0700, files 0600, writes via temp file, fsync, rename.
 
@@ -96,9 +216,19 @@ class LocalBackend:
         return os.path.join(self.root, path)
 
     def _makedirs(self, directory: str) -> None:
-        if directory not in self._made:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            self._made.add(directory)
+        """Create ``directory`` and every missing one above it up to the root, each 0700
+        (``os.makedirs`` gives the mode to the last one only)."""
+        if directory in self._made:
+            return
+        missing = []
+        path = directory
+        while path != self.root and not os.path.isdir(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for path in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+        self._made.add(directory)
 
     def write_atomic(self, path: str, data: memoryview | bytes) -> None:
         self.publish(self._write_temp(path, data, sync=True), path, synced=True)
@@ -118,9 +248,8 @@ class LocalBackend:
                 finally:
                     os.close(fd)
             os.replace(staged, self._abs(path))
-        except BaseException as exc:
+        except BaseException:
             self.discard(staged)
-            _raise_if_full(exc, self.root)
             raise
 
     def discard(self, staged: str) -> None:
@@ -142,10 +271,9 @@ class LocalBackend:
                 # Starts writeback of the dirty pages now, without waiting (Linux); the
                 # pages stay cached while under writeback.
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except BaseException as exc:
+        except BaseException:
             os.close(fd)
             os.unlink(tmp)
-            _raise_if_full(exc, self.root)
             raise
         os.close(fd)
         return tmp
@@ -266,6 +394,7 @@ class LocalBackend:
             pass
 
 
+@_store_errors
 class FsspecBackend:
     """Any fsspec URL (s3://, gs://, memory://). Object-store puts are atomic by nature."""
 

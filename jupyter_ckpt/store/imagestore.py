@@ -28,13 +28,24 @@ from traitlets.config import LoggingConfigurable
 
 from ..errors import (
     AmbiguousReference,
+    CkptError,
     ImageInUse,
     ImageNotFound,
     IntegrityError,
     InvalidReference,
+    StoreUnavailable,
 )
 from .backends import LocalBackend, open_backend
-from .encryption import ENCRYPTIONS, NONE, Chunks, Cipher, Sealer, chunk_forms, chunks_of
+from .encryption import (
+    AES_GCM,
+    ENCRYPTIONS,
+    NONE,
+    Chunks,
+    Cipher,
+    Sealer,
+    chunk_forms,
+    chunks_of,
+)
 from .index import Entry, ManifestIndex
 from .layout import (
     BUFFER_BYTES,
@@ -53,6 +64,9 @@ from .rekey import Outcome, rekey
 from .signing import Signer
 from .users import check_user, prepare_local, user_prefix
 from .writer import ImageWriter
+
+# Where a store that holds encrypted images says so (:meth:`ImageStore.follow_store_encryption`).
+ENCRYPTION_SETTING = "encryption.json"
 
 
 class ImageStore(LoggingConfigurable):
@@ -100,6 +114,12 @@ class ImageStore(LoggingConfigurable):
             jupyter_data_dir(), "ckpt-secret"
         )
 
+    create_secret = Bool(
+        True,
+        help="Create the secret file if it is missing. Off where the user named the file "
+        "(`jupyter ckpt --secret-file`): a typo must not become a new secret.",
+    )
+
     secret = Unicode(
         help="The signing secret itself (32+ characters), used instead of secret_file: "
         "JupyterHub's hooks give each user's server its own (jupyter_ckpt.hub). Not read "
@@ -129,6 +149,7 @@ class ImageStore(LoggingConfigurable):
 
     io_threads = Int(
         8,
+        min=1,
         help="Threads that hash, write and read chunks in parallel; more than cores, since "
         "they mostly wait for the disk (8 beat 4 on a 2-core machine, benchmarks/README.md).",
     ).tag(config=True)
@@ -141,6 +162,7 @@ class ImageStore(LoggingConfigurable):
 
     buffer_bytes = Int(
         BUFFER_BYTES,
+        min=1,
         help="Host memory a save may use for the copies it writes (GPU data on its way to "
         "the store, packed small buffers), whatever the size of the state. Kernels read "
         "JUPYTER_CKPT_BUFFER_BYTES. Default: $JUPYTER_CKPT_BUFFER_BYTES, else 256 MiB.",
@@ -157,22 +179,26 @@ class ImageStore(LoggingConfigurable):
     ).tag(config=True)
 
     retention_days = Float(
-        0, help="Remove images older than this many days (0: keep regardless of age)."
+        0, min=0, help="Remove images older than this many days (0: keep regardless of age)."
     ).tag(config=True)
-    max_images = Int(0, help="Keep at most this many images, newest first (0: no limit).").tag(
-        config=True
-    )
+    max_images = Int(
+        0, min=0, help="Keep at most this many images, newest first (0: no limit)."
+    ).tag(config=True)
     quota_bytes = Int(
-        0, help="Remove the oldest images while the store holds more than this (0: no quota)."
+        0,
+        min=0,
+        help="Remove the oldest images while the store holds more than this (0: no quota).",
     ).tag(config=True)
     index_slack = Int(
         16,
+        min=0,
         help="Manifests new since the image index was written that a listing reads one by "
         "one before it reads the index instead; the index is rewritten once it misses "
         "more than this many (see jupyter_ckpt/store/index.py).",
     ).tag(config=True)
     gc_interval = Float(
         3600,
+        min=0,
         help="Seconds between the chunk collections that retention after a save runs (each "
         "walks every chunk file); `jupyter ckpt gc` always collects.",
     ).tag(config=True)
@@ -189,7 +215,7 @@ class ImageStore(LoggingConfigurable):
         self.root_url = root.url
         #: This user's part of the store: every read and write goes through it.
         self.backend = open_backend(prefix, **options)
-        self.signer = Signer(self.secret_file, self.secret or None)
+        self.signer = Signer(self.secret_file, self.secret or None, self.create_secret)
         self.cipher = Cipher(self.signer)
         encrypt = self.encryption != NONE
         #: Signs (and with encryption, encrypts) manifests, records, the index and leases.
@@ -208,7 +234,27 @@ class ImageStore(LoggingConfigurable):
     # -- writing -------------------------------------------------------------------------
 
     def writer(self, progress: Progress | None = None) -> ImageWriter:
+        self.follow_store_encryption()
         return ImageWriter(self, progress)
+
+    def follow_store_encryption(self) -> None:
+        """Encrypt what this store writes from now on if the store says its images are
+        encrypted (``rekey --encryption`` wrote that), whatever ``encryption`` says here:
+        a kernel or server configured without it must not add plaintext to an encrypted
+        store. Removing ``<url>/users/<user>/encryption.json`` allows plaintext again.
+        The file is not checked: whoever could plant one can only make writes encrypted."""
+        if self.sealer.encrypt or not self.backend.exists(ENCRYPTION_SETTING):
+            return
+        self.log.info("The store %s is encrypted: new images are too", self.backend.url)
+        self.encryption = AES_GCM
+        self.sealer.encrypt = True
+        self.chunks = self._chunk_forms[AES_GCM]
+
+    def mark_encrypted(self) -> None:
+        """Record in the store that its images are encrypted (see
+        :meth:`follow_store_encryption`)."""
+        setting = self.sealer.seal({"encryption": AES_GCM}, "setting")
+        self.backend.write_atomic(ENCRYPTION_SETTING, setting)
 
     def _put_chunk(
         self, data: memoryview, claim: Callable[[str], bool], chunks: Chunks | None = None
@@ -290,7 +336,28 @@ class ImageStore(LoggingConfigurable):
             return prefixed[0]
         if len(prefixed) > 1:
             raise AmbiguousReference(f"{ref!r} matches {len(prefixed)} images; give more of the id")
-        raise ImageNotFound(f"no image named or with id {ref!r} in {self.backend.url}")
+        unreadable = {i: e for i, m, e in entries if m is None}
+        for image_id, error in unreadable.items():
+            if self._claimed_name(image_id) == ref:  # it is there, but not usable: say why
+                raise IntegrityError(f"image '{ref}' ({image_id}) cannot be used: {error}")
+        hint = ""
+        if unreadable:
+            first = next(iter(unreadable.items()))
+            hint = (
+                f"; {len(unreadable)} image(s) there cannot be read and may be it "
+                f"({first[0]}: {first[1]}): `jupyter ckpt list` shows them"
+            )
+        raise ImageNotFound(f"no image named or with id {ref!r} in {self.backend.url}{hint}")
+
+    def _claimed_name(self, image_id: str) -> str | None:
+        """The name an unreadable image's manifest gives itself, unverified: only to say
+        what is wrong with it. None if it is encrypted or not a manifest at all."""
+        try:
+            data = self.backend.read_bytes(manifest_path(image_id))
+            name = json.loads(data)["manifest"]["name"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return name if isinstance(name, str) else None
 
     def open(self, ref: str) -> dict[str, Any]:
         return self.load_manifest(self.resolve(ref))
@@ -343,17 +410,17 @@ class ImageStore(LoggingConfigurable):
             raise IntegrityError(
                 f"refusing to delete image {image_id}: it is not one of ours ({exc})"
             ) from exc
+        except StoreUnavailable:
+            raise
         except OSError as exc:
             raise IntegrityError(
                 f"refusing to delete image {image_id}: cannot read its manifest ({exc})"
             ) from exc
-        for kernel_id, record in self.records.all()[0].items():
-            if record.get("image_id") == image_id:
-                holder = "running" if record.get("state") == "running" else "suspended"
-                raise ImageInUse(
-                    f"image {image_id} is needed by {holder} kernel {kernel_id}; "
-                    "resume or shut down that kernel first"
-                )
+        holder = self.records.pins().holder(image_id)
+        if holder is not None:
+            raise ImageInUse(
+                f"image {image_id} is needed by {holder}; resume or shut down that kernel first"
+            )
         # Removing the manifest first makes the image vanish at once; chunks go in gc().
         self.backend.remove(manifest_path(image_id))
         self.backend.remove(f"images/{image_id}")
@@ -460,22 +527,30 @@ class ImageStore(LoggingConfigurable):
         between, or a collection left for later, leaves only unreferenced chunks, which
         the next collection removes."""
         removed = []
-        for image_id in self.expired(self.records.pinned_images(), now):
+        pins = self.records.pins()
+        note = pins.note()
+        if note is not None:
+            self.log.warning("retention: %s", note)
+        for image_id in [] if note else self.expired(set(pins.images), now):
             self.delete(image_id)
             removed.append(image_id)
+        notes = [note] if note else []
         if collect is None:
             collect = time.monotonic() - self._collected_at >= self.gc_interval
         if not collect:
-            return RetentionResult(removed, 0, 0)
+            return RetentionResult(removed, 0, 0, notes)
         self._collected_at = time.monotonic()
         result = self.gc(grace_seconds)
-        return RetentionResult(removed, result.files, result.freed, result.notes)
+        return RetentionResult(removed, result.files, result.freed, notes + result.notes)
 
     def rekey(self, old_secret_file: str | None = None) -> Iterator[Outcome]:
         """Bring every image and kernel record to the current secret and encryption
         (see :mod:`.rekey`); ``old_secret_file`` opens what the previous secret wrote.
         Yields what happened to each, as it goes."""
-        old = Signer(old_secret_file) if old_secret_file else None
+        old = Signer(old_secret_file, create=False) if old_secret_file else None
+        self.follow_store_encryption()
+        if self.sealer.encrypt:
+            self.mark_encrypted()  # first: from now on every writer encrypts
         return rekey(self, old)
 
     # -- moving images between stores -----------------------------------------------------
@@ -487,7 +562,10 @@ class ImageStore(LoggingConfigurable):
         image_id = manifest["id"]
         target = os.path.abspath(file)
         tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.tmp-{image_id}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as exc:  # named for the file the user asked for, not our temp
+            raise CkptError(f"cannot write {target}: {exc.strerror}") from exc
         try:
             with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w") as tar:
                 digests = sorted({d for s in manifest["segments"] for d, _ in s["chunks"]})
@@ -511,7 +589,16 @@ class ImageStore(LoggingConfigurable):
     def import_(self, file: str) -> str:
         """Add an exported image. It must be signed with our secret; its manifest is
         written only once every chunk checked out. Streams one chunk at a time."""
-        with tarfile.open(file, "r") as tar:
+        try:
+            tar = tarfile.open(file, "r")  # noqa: SIM115 (closed by the with below)
+        except tarfile.TarError:
+            raise IntegrityError(
+                f"{file}: not a jupyter-ckpt export (not a tar file); give a file written "
+                "by `jupyter ckpt export`"
+            ) from None
+        except OSError as exc:
+            raise CkptError(f"cannot read {file}: {exc.strerror}") from exc
+        with tar:
             members = {m.name: m for m in tar.getmembers() if m.isfile()}
             if "manifest.json" not in members:
                 raise IntegrityError(f"{file}: not a jupyter-ckpt export (no manifest.json)")

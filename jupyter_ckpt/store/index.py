@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CkptError, ImageNotFound, IntegrityError
+from ..errors import CkptError, ImageNotFound, IntegrityError, StoreUnavailable
 from .layout import ID_RE, MANIFEST
 
 if TYPE_CHECKING:
@@ -100,6 +100,8 @@ class ManifestIndex:
                     return image_id, summary(load(image_id)), None
                 except (IntegrityError, ImageNotFound) as exc:
                     return image_id, None, str(exc)
+                except StoreUnavailable:
+                    raise  # the whole listing fails with it: no image is "bad" for a moment
                 except OSError as exc:  # e.g. a file another user put here, unreadable to us
                     return image_id, None, f"image {image_id}: cannot read it ({exc})"
 
@@ -123,6 +125,8 @@ class ManifestIndex:
             data = self.backend.read_bytes(INDEX)
         except FileNotFoundError:
             return {}
+        except StoreUnavailable:
+            raise
         except OSError as exc:
             self.log.warning("Ignoring the image index: cannot read it (%s)", exc)
             return {}

@@ -11,10 +11,13 @@ they are encrypted too, since they hold notebook paths and environments.
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ImageNotFound, IntegrityError, InvalidReference
+from .encryption import is_encrypted
 
 if TYPE_CHECKING:
     from .imagestore import ImageStore
@@ -37,6 +40,7 @@ class KernelRecords:
     def put(self, record: dict[str, Any]) -> None:
         """Write (or replace) the record of ``record["kernel_id"]``, atomically."""
         path = record_path(record["kernel_id"])
+        self.store.follow_store_encryption()
         self.store.backend.write_atomic(path, self.store.sealer.seal(record, "record"))
         self.store.backend.sync_dir("kernels")
 
@@ -69,4 +73,62 @@ class KernelRecords:
 
     def pinned_images(self) -> set[str]:
         """Image ids that suspended kernels need (never removed by retention or delete)."""
-        return {r["image_id"] for r in self.all()[0].values()}
+        return set(self.pins().images)
+
+    def pins(self) -> Pins:
+        """What the records keep from retention and delete. A record we cannot verify
+        still pins the image it names (one written under the previous secret, before a
+        rekey got to it, is still a suspended kernel's); one we cannot even read, being
+        encrypted under another secret, may name any image, so it pins them all."""
+        records, errors = self.all()
+        pins = Pins()
+        for kernel_id, record in records.items():
+            holder = "running" if record.get("state") == "running" else "suspended"
+            pins.images[record["image_id"]] = f"{holder} kernel {kernel_id}"
+        for kernel_id, why in errors.items():
+            named = self._named_image(kernel_id)
+            if named is None:
+                pins.unknown[kernel_id] = why
+            else:
+                pins.images[named] = f"kernel {kernel_id}, whose record cannot be verified ({why})"
+        return pins
+
+    def _named_image(self, kernel_id: str) -> str | None:
+        """The image id a plaintext record names, unverified; None if it names none we
+        can see."""
+        try:
+            data = self.store.backend.read_bytes(record_path(kernel_id))
+            if is_encrypted(data):
+                return None
+            image_id = json.loads(data)["manifest"]["image_id"]
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+        return image_id if isinstance(image_id, str) else None
+
+
+@dataclass
+class Pins:
+    """Images that kernel records keep: by id, with who needs each, and the records that
+    may name any image (all images are pinned while there is one)."""
+
+    images: dict[str, str] = field(default_factory=dict)
+    unknown: dict[str, str] = field(default_factory=dict)
+
+    def holder(self, image_id: str) -> str | None:
+        """Who keeps ``image_id``, said for a user; None if nobody does."""
+        if image_id in self.images:
+            return self.images[image_id]
+        for kernel_id, why in self.unknown.items():
+            return f"kernel {kernel_id}, whose record cannot be read ({why}) and may name it"
+        return None
+
+    def note(self) -> str | None:
+        """Why retention removes no image now, if a record may name any."""
+        if not self.unknown:
+            return None
+        kernels = ", ".join(sorted(self.unknown))
+        return (
+            f"no image is removed by retention while kernel records cannot be read "
+            f"({kernels}: {next(iter(self.unknown.values()))}); run `jupyter ckpt rekey "
+            "--old-secret-file=<previous secret>` to make them readable, or remove them"
+        )

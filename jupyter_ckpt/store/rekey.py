@@ -6,8 +6,10 @@ An image keeps its id, so the kernel records and names that point at it stay val
 chunks are read and checked under the key they were written with, written again under the
 current one (encrypted chunks get new names, since names are keyed), and only then is its
 manifest replaced, atomically, and the image verified; if that fails the old manifest goes
-back. A rekey that stops halfway leaves every image readable under one key or the other,
-and only unreferenced chunks behind, which gc removes. Nothing is ever decrypted back to
+back. Kernel records go first, so that retention and delete always know which images
+suspended kernels need. A rekey that stops anywhere (Ctrl-C, the store gone) leaves every
+image and record readable under one key or the other, and only unreferenced chunks behind,
+which gc removes; running it again finishes the job. Nothing is ever decrypted back to
 plaintext: an encrypted image stays encrypted whatever ``encryption`` says.
 """
 
@@ -18,7 +20,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, StoreUnavailable
 from .encryption import AES_GCM, NONE, Chunks, Cipher, Sealer, chunk_forms, chunks_of, is_encrypted
 from .index import INDEX
 from .layout import chunk_path, manifest_path
@@ -51,20 +53,26 @@ def rekey(store: ImageStore, old: Signer | None = None) -> Iterator[Outcome]:
     if old is not None and old.key_id != store.signer.key_id:
         cipher = Cipher(old)
         keys.append((Sealer(old, cipher, False), chunk_forms(cipher)))
-    moved: dict[tuple[str, str, str], str] = {}  # (key id, form, old name) -> new name
-    for image_id in sorted(store.image_ids()):
-        try:
-            yield _rekey_image(store, image_id, keys, moved)
-        except (IntegrityError, OSError) as exc:
-            yield Outcome("image", image_id, "failed", str(exc))
+    # Records first: once they are readable under the current key, retention and delete
+    # see which images suspended kernels need, whichever key those images are still under.
     for name in sorted(store.backend.listdir("kernels")):
         kernel_id = name.removesuffix(".json")
         if name.startswith(".") or kernel_id == name or not KERNEL_ID_RE.match(kernel_id):
             continue
         try:
             yield _rekey_record(store, kernel_id, keys)
+        except StoreUnavailable:
+            raise  # nothing else would get through either: one message, rerun later
         except (IntegrityError, OSError) as exc:
             yield Outcome("kernel record", kernel_id, "failed", str(exc))
+    moved: dict[tuple[str, str, str], str] = {}  # (key id, form, old name) -> new name
+    for image_id in sorted(store.image_ids()):
+        try:
+            yield _rekey_image(store, image_id, keys, moved)
+        except StoreUnavailable:
+            raise
+        except (IntegrityError, OSError) as exc:
+            yield Outcome("image", image_id, "failed", str(exc))
     # The index is a cache signed (and maybe encrypted) under the old form: listings
     # rebuild it from the rewritten manifests.
     store.backend.remove(INDEX)

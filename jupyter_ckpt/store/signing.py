@@ -32,14 +32,22 @@ def canonical_json(obj: Any) -> bytes:
 
 
 class Signer:
-    def __init__(self, secret_file: str, secret: str | None = None) -> None:
-        """``secret``, when given, is used instead of the file (which is then not read)."""
+    def __init__(self, secret_file: str, secret: str | None = None, create: bool = True) -> None:
+        """``secret``, when given, is used instead of the file (which is then not read).
+        ``create=False``: a missing file is an error (a path the user named, where a
+        typo must not quietly become a new secret that opens nothing)."""
         self.secret_file = os.path.abspath(os.path.expanduser(secret_file))
+        self._create = create
         self._secret = _checked(secret, "JUPYTER_CKPT_SECRET") if secret else self._load_or_create()
         self.key_id = hashlib.sha256(b"jupyter-ckpt key id" + self._secret).hexdigest()[:16]
 
     def _load_or_create(self) -> bytes:
         path = self.secret_file
+        if not self._create and not os.path.exists(path):
+            raise SecretError(
+                f"no secret file {path}: give the path of an existing secret "
+                "(nothing was created there)"
+            )
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         if not os.path.exists(path):
             _create_secret(path)

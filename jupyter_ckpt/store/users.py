@@ -18,11 +18,14 @@ import re
 import secrets
 import stat
 
-from ..errors import CkptError, InvalidReference
+from ..errors import InvalidReference, StorePermission
+from .backends import store_error
 
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@+-]{0,127}$")
 # What the store held at its root before it had one prefix per user.
 LEGACY_NAMES = ("images", "chunks", "kernels")
+# The directories of a prefix whose owner and permissions are checked at each open.
+CHECKED_DIRS = ("images", "chunks", "kernels", "leases")
 
 
 def check_user(user: str) -> str:
@@ -42,10 +45,11 @@ def user_prefix(user: str) -> str:
 def prepare_local(root: str, user: str) -> str:
     """Create the user's private prefix of a local store (and the root and ``users/`` if
     missing); move a store of the single-user layout into the prefix once. Returns the
-    prefix's absolute path. Existing directories keep the permissions they have."""
+    prefix's absolute path. An existing prefix must be the user's own (:func:`check_owned`)."""
     users = os.path.join(root, "users")
     prefix = os.path.join(root, user_prefix(user))
-    if os.path.isdir(prefix):
+    if os.path.lexists(prefix):
+        check_owned(prefix)
         return prefix
     try:
         if not os.path.isdir(root):
@@ -61,12 +65,57 @@ def prepare_local(root: str, user: str) -> str:
         finally:
             os.close(fd)
     except PermissionError as exc:
-        raise CkptError(
+        raise StorePermission(
             f"cannot create your part of the store, {prefix}: {exc.strerror} ({exc.filename}); "
             "a store shared by several users needs a root they can all write to "
             "(e.g. group-writable and setgid)"
         ) from exc
+    except OSError as exc:
+        error = store_error(exc, root, write=True)
+        if error is None:
+            raise
+        raise error from exc
+    check_owned(prefix)
     return prefix
+
+
+def check_owned(prefix: str) -> None:
+    """Refuse a prefix that another user could read or change under us: one (or a
+    directory in it) that is a symbolic link, is owned by someone else than the user or
+    root (an administrator may provide it, e.g. read-only), or that others may write to.
+    On a shared root anyone may create ``users/<name>`` before ``<name>`` does,
+    then rename away or read what ``<name>`` saves into it."""
+    for path in [prefix, *(os.path.join(prefix, name) for name in CHECKED_DIRS)]:
+        _check_dir(path)  # the prefix first: a link must not be followed, even to list it
+    chunks = os.path.join(prefix, "chunks")
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for name in os.listdir(chunks):
+            _check_dir(os.path.join(chunks, name))
+
+
+def _check_dir(path: str) -> None:
+    uid = os.geteuid()
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        problem = f"it is a symbolic link (to {os.readlink(path)})"
+        fix = f"remove the link ({path}) and try again"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem, fix = "it is not a directory", f"move it away ({path}) and try again"
+    elif uid != 0 and st.st_uid not in (uid, 0):  # root (a hub reading it) may use any
+        problem = f"it belongs to uid {st.st_uid}, not to you (uid {uid})"
+        fix = (
+            "another user may have made it to read or remove your images; have it "
+            "removed (by its owner or an administrator) and try again"
+        )
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"other users may write to it (mode {stat.S_IMODE(st.st_mode):o})"
+        fix = f"run: chmod -R go-w {path}"
+    else:
+        return
+    raise StorePermission(f"refusing the store directory {path}: {problem}; {fix}")
 
 
 def _make_shared(users: str, root_mode: int) -> None:

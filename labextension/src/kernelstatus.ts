@@ -3,7 +3,13 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { exactTime, formatBytes, formatDuration, relativeTime } from './format';
-import { ICkptApi, ICkptEvent, IKernelStatus, IProgress } from './types';
+import {
+  ICkptApi,
+  ICkptEvent,
+  IKernelStatus,
+  IProgress,
+  IStatusReply
+} from './types';
 
 export interface IStatusText {
   state: 'running' | 'blocked' | 'suspending' | 'suspended' | 'restoring';
@@ -233,6 +239,14 @@ export function wakesKernel(
   return channel === 'shell' && WAKING.has(msgType);
 }
 
+/** The status bar's short text when the server cannot reach its store, or null. */
+export function storeProblem(reply: IStatusReply): string | null {
+  const store = reply.store;
+  return store && !store.ok
+    ? `Store unreachable: ${store.error ?? 'no answer'}`
+    : null;
+}
+
 /** The server's view of every kernel, refreshed on demand (events, kernel activity). */
 export class KernelStatusModel {
   constructor(private readonly _api: Pick<ICkptApi, 'status'>) {}
@@ -244,6 +258,11 @@ export class KernelStatusModel {
   /** Whether the server answered the last request (false: no jupyter_ckpt_server). */
   get available(): boolean {
     return this._available;
+  }
+
+  /** Why the server cannot use its store, or null while it can. */
+  get storeProblem(): string | null {
+    return this._storeProblem;
   }
 
   kernel(kernelId: string): IKernelStatus | undefined {
@@ -341,6 +360,7 @@ export class KernelStatusModel {
         this._kernels.delete(id);
         this._fetchedAt.delete(id);
       }
+      this._storeProblem = storeProblem(reply);
       for (const kernel of reply.kernels) {
         this._kernels.set(kernel.kernel_id, kernel);
         this._fetchedAt.set(kernel.kernel_id, fetchedAt);
@@ -380,6 +400,7 @@ export class KernelStatusModel {
   }
 
   private _changed = new Signal<this, void>(this);
+  private _storeProblem: string | null = null;
   private _kernels = new Map<string, IKernelStatus>();
   private _restoring = new Map<string, number>();
   private _progress = new Map<string, IProgress>();

@@ -59,7 +59,8 @@ export class KernelStatusItem extends ReactWidget {
     if (!status) {
       return null;
     }
-    return (
+    const problem = this._model.storeProblem;
+    const button = (
       <button
         className={`jp-CkptStatus-button jp-mod-${status.state}`}
         title={`${status.title} Click to show saved sessions.`}
@@ -68,6 +69,16 @@ export class KernelStatusItem extends ReactWidget {
       >
         {status.text}
       </button>
+    );
+    return problem ? (
+      <>
+        <span className="jp-CkptStatus-store" role="alert" title={problem}>
+          {problem}
+        </span>
+        {button}
+      </>
+    ) : (
+      button
     );
   }
 

@@ -87,8 +87,17 @@ export interface IKernelStatus {
   recovered?: { autosave_at: string; crashed_after?: string | null };
 }
 
+/** Whether the server reaches its store, and since when. */
+export interface IStoreHealth {
+  url: string;
+  ok: boolean;
+  error: string | null;
+  since: string;
+}
+
 export interface IStatusReply {
   kernels: IKernelStatus[];
+  store?: IStoreHealth | null;
 }
 
 /** `POST /api/ckpt/images/{id}/resume`. */

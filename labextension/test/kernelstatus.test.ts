@@ -10,6 +10,7 @@ import {
   plainBlocker,
   progressText,
   recoveredTitle,
+  storeProblem,
   suspendWarning,
   unsaveableText,
   nameList,
@@ -185,6 +186,36 @@ describe('describeKernel', () => {
     expect(
       describeKernel({ ...suspended, state: 'restoring' }, T0, T0 + 2000).text
     ).toBe('Restoring… 2 s');
+  });
+});
+
+describe('storeProblem', () => {
+  const store = {
+    url: 's3://bucket/ckpt',
+    since: '2026-11-29T12:00:00Z'
+  };
+
+  it('says why the store cannot be reached, and nothing while it can', () => {
+    const error =
+      'cannot reach the store s3://bucket/ckpt (connection refused)';
+    expect(
+      storeProblem({ kernels: [], store: { ...store, ok: false, error } })
+    ).toBe(`Store unreachable: ${error}`);
+    expect(
+      storeProblem({ kernels: [], store: { ...store, ok: true, error: null } })
+    ).toBeNull();
+    expect(storeProblem({ kernels: [] })).toBeNull();
+  });
+
+  it('is what the model reports after a refresh', async () => {
+    const m = new KernelStatusModel({
+      status: async () => ({
+        kernels: [],
+        store: { ...store, ok: false, error: 'connection refused' }
+      })
+    });
+    await m.refresh();
+    expect(m.storeProblem).toBe('Store unreachable: connection refused');
   });
 });
 

@@ -9,8 +9,9 @@ from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.services.kernels.handlers import _kernel_id_regex
-from traitlets import default
+from traitlets import TraitError, default
 
+from jupyter_ckpt.errors import CkptError
 from jupyter_ckpt.gpu import GpuProbe
 from jupyter_ckpt.store import ImageStore
 
@@ -23,6 +24,7 @@ from .monitor import IdleMonitor
 from .policy import SuspendPolicy
 from .service import CkptService
 from .shutdown import StopGuard, grace_period_warning
+from .storehealth import StoreHealth
 from .websocket import CkptKernelWebsocketHandler
 
 SCHEMA_ID = "https://events.jupyter.org/jupyter_ckpt/v1"
@@ -39,6 +41,7 @@ class CkptExtensionApp(ExtensionApp):
     monitor: IdleMonitor | None = None
     autosaver: Autosaver | None = None
     stop_guard: StopGuard | None = None  # set once the server runs its event loop
+    store_health: StoreHealth | None = None  # set once the server runs its event loop
     _stopping: asyncio.Future[None] | None = None
 
     @default("config_file_name")
@@ -56,12 +59,18 @@ class CkptExtensionApp(ExtensionApp):
                 "'jupyter_ckpt_server.kernelmanager.CkptKernelManager' (or a subclass); "
                 f"the server uses {type(km).__name__}, so no kernel will be suspended"
             )
-        self.policy = SuspendPolicy(parent=self)
+        try:
+            self.policy = SuspendPolicy(parent=self)
+            store = ImageStore(parent=self)
+        except (TraitError, CkptError) as exc:
+            # jupyter_server would only warn and serve on without the extension, which is
+            # easy to miss until kernels are never suspended: bad settings stop the server.
+            self.log.critical("jupyter_ckpt_server: %s; fix it and start the server again", exc)
+            raise SystemExit(1) from exc
         if self.policy.suspend_on_shutdown:
             warning = grace_period_warning(self.policy, os.environ)
             if warning:
                 self.log.warning(warning)
-        store = ImageStore(parent=self)
         event_logger = self.serverapp.event_logger
         event_logger.register_event_schema(SCHEMA_PATH)
         self.manager = CkptManager(
@@ -111,8 +120,12 @@ class CkptExtensionApp(ExtensionApp):
             return
         # kernel and session requests arriving from now on wait for the records
         loaded = serverapp.web_app.settings[startup.SETTING] = asyncio.Event()
+        health = self.store_health = StoreHealth(self.manager.store.backend.url, self.log)
+        self.service.store_health = health
         try:
-            await self.manager.load_records()
+            # A store that is down must not stop the rest: the records come when it is back.
+            if not await health.attempt(self.manager.load_records, "loading kernel records"):
+                health.retry(self.manager.load_records, "loading kernel records")
         finally:
             loaded.set()
         self.monitor.start()
@@ -141,6 +154,8 @@ class CkptExtensionApp(ExtensionApp):
     async def _suspend_before_stop(self) -> None:
         assert self.monitor is not None and self.manager is not None
         try:
+            if self.store_health is not None:
+                await self.store_health.stop()
             await self.monitor.stop()
             if self.autosaver is not None:
                 await self.autosaver.stop()

@@ -24,6 +24,7 @@ from jupyter_ckpt.errors import (
     ImageNotFound,
     IncompatibleImage,
     InvalidReference,
+    StoreError,
 )
 from jupyter_ckpt.store import check_ref
 
@@ -50,6 +51,8 @@ def _http_errors(
             raise web.HTTPError(400, str(exc)) from exc
         except (ImageInUse, IncompatibleImage, SuspendFailed) as exc:
             raise web.HTTPError(409, str(exc)) from exc
+        except StoreError as exc:  # the store is down, read-only, full or refuses us
+            raise web.HTTPError(503, str(exc)) from exc
         except CkptError as exc:
             raise web.HTTPError(500, str(exc)) from exc
 

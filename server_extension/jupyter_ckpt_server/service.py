@@ -14,6 +14,7 @@ from jupyter_ckpt.errors import InvalidReference
 
 from .manager import CkptManager, NothingToSave, SuspendFailed
 from .monitor import IdleMonitor
+from .storehealth import StoreHealth
 from .work import quiet_call
 
 
@@ -63,6 +64,8 @@ def check_path(path: str, root_dir: str) -> None:
 
 class CkptService:
     """Images, resume, suspend-all and status for the REST handlers."""
+
+    store_health: StoreHealth | None = None  # set when the extension starts
 
     def __init__(self, manager: CkptManager, monitor: IdleMonitor, session_manager: Any) -> None:
         self.manager = manager
@@ -204,7 +207,7 @@ class CkptService:
         )
         return {
             "policy": manager.policy.to_json(),
-            "store": manager.store.backend.url,
+            "store": self.store_health.to_json() if self.store_health else None,
             "node": self.node,
             "kernels": kernels,
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from jupyter_ckpt_server.policy import SuspendPolicy
+from server_helpers import ServerProcess
 from traitlets import TraitError
 from traitlets.config import Config
 from traitlets.config.application import Application
@@ -99,3 +100,15 @@ def test_kernelspec_metadata_overrides_autosave_like_idle_timeout(trait):
     assert policy.for_spec(trait, {"jupyter_ckpt": {trait: 0}}) == 0
     assert policy.for_spec(trait, {"jupyter_ckpt": {trait: "often"}}) == default
     assert policy.for_spec(trait, {"jupyter_ckpt": {"idle_timeout": 5}}) == default
+
+
+async def test_a_bad_value_stops_the_server_with_the_trait_name(tmp_path):
+    """Not a warning and a server that runs on without the extension."""
+    server = ServerProcess(tmp_path, {"idle_timeout": -5})
+    with pytest.raises(AssertionError, match="the server exited"):
+        await server.start()
+    assert server.process.returncode == 1
+    assert (
+        "jupyter_ckpt_server: SuspendPolicy.idle_timeout must be at least 0, got -5.0; "
+        "fix it and start the server again"
+    ) in server.log()

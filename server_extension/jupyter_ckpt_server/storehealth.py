@@ -1,0 +1,92 @@
+"""Whether the store answers, for the status API, the status bar and the log.
+
+An object store that is down when the server starts must not leave the extension half
+started: every part starts regardless, and what needs the store (loading the records of
+suspended kernels) is retried here in the background, with capped exponential backoff,
+until it succeeds. The log gets one line per change of health, not one per attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from jupyter_ckpt.errors import CkptError
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+class StoreHealth:
+    """The store's health as last seen ``{ok, error, since}``, and retries until it is
+    back. ``first_delay`` doubles after each failed attempt, up to ``max_delay``."""
+
+    def __init__(
+        self,
+        url: str,
+        log: logging.Logger,
+        first_delay: float = 1.0,
+        max_delay: float = 60.0,
+    ) -> None:
+        self.url = url
+        self.log = log
+        self.first_delay = first_delay
+        self.max_delay = max_delay
+        self.ok = True
+        self.error: str | None = None
+        self.since = _now()
+        self._task: asyncio.Task[None] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"url": self.url, "ok": self.ok, "error": self.error, "since": self.since}
+
+    def record(self, error: BaseException | None, what: str) -> None:
+        """Note the outcome of a store operation; log only when the health changes."""
+        message = None if error is None else " ".join(str(error).split()) or type(error).__name__
+        if (error is None) == self.ok:
+            self.error = message  # same health: the latest reason, no new log line
+            return
+        self.ok, self.error, self.since = error is None, message, _now()
+        if error is None:
+            self.log.info("The store %s answers again (%s succeeded)", self.url, what)
+        else:
+            self.log.error(
+                "The store is unavailable, %s failed: %s. Retrying in the background; "
+                "kernels are not suspended or autosaved until it answers",
+                what,
+                message,
+            )
+
+    async def attempt(self, operation: Callable[[], Awaitable[None]], what: str) -> bool:
+        """Run ``operation`` once; True if it succeeded."""
+        try:
+            await operation()
+        except (CkptError, OSError) as exc:
+            self.record(exc, what)
+            return False
+        self.record(None, what)
+        return True
+
+    def retry(self, operation: Callable[[], Awaitable[None]], what: str) -> None:
+        """Run ``operation`` again in the background, after a delay, until it succeeds
+        (unless it is being retried already)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._retry(operation, what))
+
+    async def _retry(self, operation: Callable[[], Awaitable[None]], what: str) -> None:
+        delay = self.first_delay
+        while True:
+            await asyncio.sleep(delay)
+            if await self.attempt(operation, what):
+                return
+            delay = min(delay * 2, self.max_delay)
+
+    async def stop(self) -> None:
+        """Stop retrying (the server is stopping)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
