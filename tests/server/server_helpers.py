@@ -494,3 +494,15 @@ class DenyingAuthorizer(Authorizer):
 
     def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
         return resource not in self.denied
+
+
+def at_step(manager: Any, step: str, action: Callable[[], Awaitable[Any]]) -> list[Any]:
+    """Run ``action`` once, when the suspend or restore reaches ``step``; its results."""
+    results: list[Any] = []
+
+    async def hook(at: str, kernel_id: str) -> None:
+        if at == step and not results:
+            results.append(await action())
+
+    manager.step_hook = hook
+    return results

@@ -28,6 +28,7 @@ from server_helpers import (
     GATED_STATE,
     NOTEBOOK,
     ServerProcess,
+    at_step,
     get_json,
     poll,
     start_session,
@@ -70,22 +71,6 @@ def records_without(store: ImageStore, name: str) -> dict[str, str]:
         if name not in names:
             bad[kernel_id] = f"its image {record['image_id']} holds only {names}"
     return bad
-
-
-def hold_step(manager: CkptManager, step: str, action: Callable[[], Awaitable[Any]]) -> list[Any]:
-    """Run ``action`` once, when a suspend or restore reaches ``step``; its result:
-    "restore" (the restore started the kernel's new process and is about to load the
-    image into it), "record" (the suspend wrote and verified its image and is about to
-    record it). This is the one use of the manager's ``step_hook`` (a test hook that may
-    be renamed) in this module."""
-    results: list[Any] = []
-
-    async def hook(at: str, kernel_id: str) -> None:
-        if at == step and not results:
-            results.append(await action())
-
-    manager.step_hook = hook
-    return results
 
 
 async def status_of(request: Awaitable[Any]) -> tuple[int, Any]:
@@ -247,7 +232,7 @@ async def test_suspend_all_during_a_restore_does_not_save_an_empty_kernel(
         await asyncio.wait([sent], timeout=15)
         return sent
 
-    held = hold_step(manager, "restore", suspend_all)
+    held = at_step(manager, "restore", suspend_all)
     client = await connect(kernel_id)
     client.send("execute_request", {"code": "x", "silent": False})
     await poll(lambda: held, timeout=60, what="the restore to reach its image")
@@ -282,7 +267,7 @@ async def test_a_cell_sent_before_the_websocket_dropped_is_answered_on_reconnect
         while await asyncio.wait_for(first.ws.read_message(), 30) is not None:
             pass
 
-    dropped = hold_step(manager, "restore", drop)
+    dropped = at_step(manager, "restore", drop)
     msg_id = first.send("execute_request", {"code": "x + 1", "silent": False})
     await poll(lambda: dropped, timeout=60, what="the websocket to close during the restore")
 
@@ -400,7 +385,7 @@ async def test_a_cell_sent_over_zmq_during_a_suspend_is_not_killed(
         await poll(busy, what="the server to see the cell running")
         return msg_id
 
-    sent = hold_step(manager, "record", run_cell)
+    sent = at_step(manager, "record", run_cell)
     suspend = ("api", "ckpt", "kernels", kernel_id, "suspend")
     answer = await status_of(jp_fetch(*suspend, method="POST", body=""))
     try:

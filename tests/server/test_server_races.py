@@ -13,21 +13,17 @@ from typing import Any
 
 import pytest
 from jupyter_ckpt_server.manager import CkptManager, SuspendFailed
-from server_helpers import alter_chunks, fails_with, get_json, poll, start_session, text_of
+from server_helpers import (
+    alter_chunks,
+    at_step,
+    fails_with,
+    get_json,
+    poll,
+    start_session,
+    text_of,
+)
 
 SUSPEND_STEPS = ["kernel_info", "checkpoint", "verify", "record", "recorded"]
-
-
-def at_step(manager: CkptManager, step: str, action: Callable[[], Awaitable[Any]]) -> list[Any]:
-    """Run ``action`` once, when the suspend or restore reaches ``step``; its results."""
-    results: list[Any] = []
-
-    async def hook(at: str, kernel_id: str) -> None:
-        if at == step and not results:
-            results.append(await action())
-
-    manager.step_hook = hook
-    return results
 
 
 def racing(
