@@ -89,7 +89,7 @@ export function describeKernel(
     return {
       state: 'blocked',
       text: [gpu, wont].filter(Boolean).join(' · '),
-      title: `${wont}, so its state would be lost. Delete them or exclude them (\`%ckpt exclude NAME\`); the next save lifts this.`
+      title: `${wont}, so its state would be lost. Delete those variables, or leave them out of saves with %ckpt exclude followed by their names; the next save lifts this.`
     };
   }
   const failure =

@@ -220,8 +220,10 @@ class CkptKernelManager(AsyncMappingKernelManager):
     async def _async_shutdown_kernel(  # type: ignore[override]
         self, kernel_id: str, now: bool = False, restart: bool = False
     ) -> None:
-        if self.lifecycles is not None:
+        if self.lifecycles is not None and self.lifecycles.get(kernel_id) is not None:
             await self.lifecycles.shutdown(kernel_id)
+        elif not self.has_process(kernel_id):
+            self._check_kernel_id(kernel_id)  # 404, as upstream answers an unknown id
         if self.has_process(kernel_id):
             await self.stop_process(kernel_id, now=now, restart=restart)
 

@@ -69,9 +69,7 @@ def _wait_ready(lab: Lab, process: subprocess.Popen[bytes], log: Path) -> None:
     raise RuntimeError(f"jupyter lab did not answer within 90 s:\n{log.read_text()}")
 
 
-# package scope: torn down when the browser tests end, so that async tests a pytest-xdist
-# worker runs after them never share the loop Playwright's sync API keeps running
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     shutil.rmtree(OUTPUT, ignore_errors=True)  # screenshots and log of this run only
     base = tmp_path_factory.mktemp("lab")
@@ -151,7 +149,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         (OUTPUT / "server.log").write_bytes(log.read_bytes())
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 

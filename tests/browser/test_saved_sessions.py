@@ -149,7 +149,7 @@ def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: La
     for action in ("Show details", "Exclude it", "Suspend anyway, losing fh"):
         expect(toast_action(page, "Not suspended.", action)).to_be_visible()
     status = page.locator(STATUS)
-    expect(status).to_have_text("Not suspended: fh is an open file")
+    expect(status).to_have_text("Won't suspend: fh cannot be saved")
     screenshot(page, "notification-unsaveable")
     screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-not-suspended")
     toast_action(page, "Not suspended.", "Show details").click()
