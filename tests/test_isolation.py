@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -219,19 +218,21 @@ class HoldsLock:
         self.lock = threading.Lock()
 
 
-def test_a_variable_that_fails_to_pickle_costs_what_trying_it_cost() -> None:
-    """Object-heavy state first, then variables that cannot be pickled: cutting each out
-    must not cost a copy of the memo of everything saved before it."""
+def test_a_variable_that_fails_to_pickle_costs_what_trying_it_cost(monkeypatch) -> None:
+    """Object-heavy state first, then variables that cannot be pickled: each fails in its
+    trial pickle, so cutting it out never copies the memo of everything saved before it
+    (the rewind's cost; bench_objects.py measures the time against pickle)."""
     rows = [{"id": i, "tags": [str(i)]} for i in range(200_000)]
     stream = Stream({})
-    started = time.perf_counter()
     stream.add(rows)
-    pickling = time.perf_counter() - started
-    started = time.perf_counter()
+    rewinds: list[int] = []
+    rewind = Stream._rewind
+    monkeypatch.setattr(
+        Stream, "_rewind", lambda self, *args: rewinds.append(1) or rewind(self, *args)
+    )
     for value in [threading.Lock(), HoldsLock(), {"k": [1, 2], "lock": threading.Lock()}] * 3:
         with pytest.raises(TypeError):
             stream.add(value)
-    failing = time.perf_counter() - started
-    assert failing < pickling / 4, f"9 failures took {failing:.3f} s, the rows {pickling:.3f} s"
+    assert rewinds == [], "a variable that failed its trial rewound the whole stream"
     stream.add(rows[0])  # the stream goes on where it was
     assert len(stream.parts) == 2
