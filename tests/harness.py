@@ -509,7 +509,8 @@ def tmpfs(directory: Path, size: str) -> Iterator[Path]:
     a test that cannot mount one is skipped, which the suite counts as a failure)."""
     import pytest
 
-    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)]
+    # private, as the store makes its directories (a tmpfs root is world-writable)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(directory)]
     if subprocess.run(mount, capture_output=True).returncode:
         pytest.skip("mounting a tmpfs needs root")
     try:

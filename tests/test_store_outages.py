@@ -4,6 +4,7 @@ that names the store and what to do, and nothing a user saved is lost."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -109,7 +110,8 @@ def test_every_operation_on_a_stopped_s3_server_fails_with_one_line(
 def test_flapping_s3_loses_nothing_and_every_failure_is_one_line(
     outage: Outage, tmp_path: Path
 ) -> None:
-    """Saves, listings, restores and retention (keep 2 images) while the server flaps:
+    """Saves, listings, restores and retention (keep 2 images) while the server is up,
+    down, or stops in the middle of them (in turn, so each operation meets each case):
     each succeeds or says the store is unreachable. Afterwards the pinned image and the
     newest images are there and whole: no half-written image, nothing lost but what
     retention removes."""
@@ -118,9 +120,7 @@ def test_flapping_s3_loses_nothing_and_every_failure_is_one_line(
     pin(store, pinned["id"])
     saved: list[int] = []  # the saves reported done, in order
     outcomes = {"ok": 0, "failed": 0}
-    flap = threading.Event()
-    flapper = threading.Thread(target=lambda: _flap(outage, flap), daemon=True)
-    flapper.start()
+    cases = itertools.cycle(("up", "down", "cut"))  # cut: the server stops mid-operation
     try:
         for i in range(4):
             operations: dict[str, Callable[[], object]] = {
@@ -132,15 +132,22 @@ def test_flapping_s3_loses_nothing_and_every_failure_is_one_line(
                 "retention": lambda: store.enforce_retention(grace_seconds=0),
             }
             for what, operation in operations.items():
+                case = next(cases)
+                outage.stop() if case == "down" else outage.start()
+                cut = threading.Timer(0.02, outage.stop)
+                if case == "cut":
+                    cut.start()
                 try:
                     operation()
                     outcomes["ok"] += 1
                 except StoreUnavailable as exc:
                     assert unreachable(store.backend.url).fullmatch(str(exc)), (what, exc)
                     outcomes["failed"] += 1
+                finally:
+                    cut.cancel()
+                    if case == "cut":
+                        cut.join()
     finally:
-        flap.set()
-        flapper.join(timeout=30)
         outage.start()
 
     assert outcomes["ok"] and outcomes["failed"], outcomes
@@ -158,15 +165,6 @@ def test_flapping_s3_loses_nothing_and_every_failure_is_one_line(
     )
     for value, image_id in present.items():
         assert (load_namespace(store, image_id)["v"] == value).all()
-
-
-def _flap(outage: Outage, done: threading.Event) -> None:
-    """Stop and start the S3 server every 0.3 s until ``done``."""
-    while not done.wait(0.3):
-        outage.stop()
-        if done.wait(0.3):
-            return
-        outage.start()
 
 
 # -- a read-only store ---------------------------------------------------------------------

@@ -84,22 +84,18 @@ class KernelSession:
         except Exception as exc:
             return {"error": _describe(exc)}
         self.last_image = manifest["id"]
-        namespace = self.shell.user_ns
-        self.unsaveable = {
-            v["name"]: id(namespace[v["name"]])
-            for v in manifest["variables"]
-            if v["status"] == "lost" and v["name"] in namespace
-        }
+        self.unsaveable = unsaveable_ids(manifest, self.shell.user_ns)
         self.last_bytes = manifest["sizes"]["logical"]
         summary = summarize_save(manifest, time.perf_counter() - started)
         parsed = self.shell.history_manager.input_hist_parsed
         return {**summary, "cells": defining_cells(parsed, summary["lost"])}
 
     def still_unsaveable(self) -> list[str]:
-        """The variables the last save could not write that still hold the same values:
-        not deleted, rebound or excluded since. While there are some, a suspend with
-        on_unsaveable=keep fails again; once there are none, it need not be retried to
-        know that."""
+        """The variables the last save (here or in an autosave's child) could not write
+        that still hold the same values: not deleted, rebound or excluded since. While
+        there are some, a suspend with on_unsaveable=keep fails again; once there are
+        none, it need not be retried to know that."""
+        background.collect(self)
         namespace = self.shell.user_ns
         return sorted(
             name
@@ -133,6 +129,16 @@ class KernelSession:
 def _describe(exc: BaseException) -> str:
     """Our errors name their cause; anything else is named by its type too."""
     return str(exc) if isinstance(exc, CkptError) else f"{type(exc).__name__}: {exc}"
+
+
+def unsaveable_ids(manifest: dict[str, Any], namespace: dict[str, Any]) -> dict[str, int]:
+    """The variables an image left out, each with the id of the value it could not save:
+    the same value still there means the same failure at the next save."""
+    return {
+        v["name"]: id(namespace[v["name"]])
+        for v in manifest["variables"]
+        if v["status"] == "lost" and v["name"] in namespace
+    }
 
 
 def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:

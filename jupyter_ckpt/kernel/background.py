@@ -245,7 +245,7 @@ def _name_process(name: str) -> None:
 
 
 def _save(session: Any, name: str) -> dict[str, Any]:
-    from . import _describe, summarize_save
+    from . import _describe, summarize_save, unsaveable_ids
 
     started = time.perf_counter()
     try:
@@ -263,7 +263,8 @@ def _save(session: Any, name: str) -> dict[str, Any]:
         )
     except Exception as exc:
         return {"error": _describe(exc)}
-    return summarize_save(manifest, time.perf_counter() - started)
+    summary = summarize_save(manifest, time.perf_counter() - started)
+    return {**summary, "unsaveable_ids": unsaveable_ids(manifest, session.shell.user_ns)}
 
 
 def collect(session: Any) -> dict[str, Any]:
@@ -285,6 +286,8 @@ def collect(session: Any) -> dict[str, Any]:
     if not result.get("error"):
         session.last_image = result["id"]
         session.last_bytes = result["bytes"]
+        # ids from the child's copy of the state, the parent's at the fork
+        session.unsaveable = {k: int(v) for k, v in result.get("unsaveable_ids", {}).items()}
     return {"state": "done", "mode": "fork", **result}
 
 

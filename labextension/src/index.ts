@@ -15,7 +15,11 @@ import {
 import { PageConfig } from '@jupyterlab/coreutils';
 import { IDocumentManager } from '@jupyterlab/docmanager';
 import { IMainMenu } from '@jupyterlab/mainmenu';
-import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import {
+  INotebookTracker,
+  NotebookActions,
+  NotebookPanel
+} from '@jupyterlab/notebook';
 import { Contents, Event } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -49,8 +53,9 @@ namespace CommandIDs {
 /** Where JupyterLab's palette lists the commands: beside its own kernel commands. */
 const CATEGORY = 'Kernel Operations';
 
-/** A safety net for changes no event reports (a `%ckpt save` inside a kernel). The REST
- * routes it polls do not count as activity, so the server can still go idle. */
+/** A safety net for changes no event reports (a `%ckpt save` in a console or another
+ * client). The REST routes it polls do not count as activity, so the server can still
+ * go idle. */
 const POLL_INTERVAL_MS = 60 * 1000;
 
 function activate(
@@ -108,6 +113,13 @@ function activate(
   app.shell.add(panel, 'left', { rank: 700 });
   // open after a reload when it was open before
   restorer?.add(panel, panel.id);
+  // A cell may have saved an image (`%ckpt save`), which no server event reports: a
+  // panel in view reloads its list when a notebook cell finishes, not at the next poll.
+  NotebookActions.executed.connect(() => {
+    if (panel.isVisible) {
+      void sessions.refresh();
+    }
+  });
   if (settingRegistry) {
     settingRegistry
       .load(plugin.id)

@@ -110,6 +110,12 @@ class IdleMonitor:
         if written and kernel_id and "missing" in data:
             self._unsaveable[kernel_id] = (datetime.now(timezone.utc), data["missing"])
 
+    def narrow_unsaveable(self, kernel_id: str, still: set[str]) -> None:
+        """Keep, of the variables the last image left out, those the kernel still holds."""
+        if kernel_id in self._unsaveable:
+            when, names = self._unsaveable[kernel_id]
+            self._unsaveable[kernel_id] = (when, [n for n in names if n in still])
+
     def unsaveable(self, kernel_id: str) -> list[str]:
         """The variables that keep the kernel from being suspended (on_unsaveable=keep):
         those the newer of its last written image and its last failed attempt left out."""

@@ -191,7 +191,7 @@ class CkptService:
         km = manager.kernel_manager
         kernels = []
         if kernel_id:
-            await self._forget_fixed_failure(kernel_id)
+            await self._forget_fixed_unsaveable(kernel_id)
         for assessment in await self.monitor.assess([kernel_id] if kernel_id else None):
             kernels.append(
                 {
@@ -212,26 +212,28 @@ class CkptService:
             "kernels": kernels,
         }
 
-    async def _forget_fixed_failure(self, kernel_id: str) -> None:
-        """A suspend that failed on variables it could not save no longer says why the
-        kernel stays up once the user deleted, rebound or excluded them all: asked now,
-        not at the next attempt."""
+    async def _forget_fixed_unsaveable(self, kernel_id: str) -> None:
+        """Variables a save or a failed suspend could not write no longer keep the kernel
+        up once the user deleted, rebound or excluded them: asked now, not at the next
+        save or attempt."""
         manager = self.manager
         failure = manager.events.failures.get(kernel_id)
+        failed = bool(failure and failure.get("lost"))
         km = manager.kernel_manager
-        if not failure or not failure.get("lost") or not km.is_running(kernel_id):
+        if not (failed or self.monitor.unsaveable(kernel_id)) or not km.is_running(kernel_id):
             return
         if km.get_kernel(kernel_id).execution_state == "busy":
             return  # asked again when the cell is done
         timeout = manager.policy.activity_timeout
         try:
-            still = await quiet_call(manager, kernel_id, "still_unsaveable()", timeout)
+            still = set(await quiet_call(manager, kernel_id, "still_unsaveable()", timeout))
         except (SuspendFailed, asyncio.TimeoutError):
-            return  # the failure stands until the kernel can say
-        if manager.events.failures.get(kernel_id) is not failure:
-            return  # a newer attempt replaced it meanwhile
-        lost = {name: why for name, why in failure["lost"].items() if name in still}
-        if lost:
-            failure["lost"] = lost
-        else:
-            del manager.events.failures[kernel_id]
+            return  # they stand until the kernel can say
+        self.monitor.narrow_unsaveable(kernel_id, still)
+        # unless a newer attempt replaced the failure meanwhile
+        if failure and failed and manager.events.failures.get(kernel_id) is failure:
+            lost = {name: why for name, why in failure["lost"].items() if name in still}
+            if lost:
+                failure["lost"] = lost
+            else:
+                del manager.events.failures[kernel_id]

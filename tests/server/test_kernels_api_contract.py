@@ -2,17 +2,20 @@
 of the installed jupyter_server, pass with CkptKernelManager and the extension enabled
 (``contract_plugin.py``), as they do with the stock kernel manager.
 
-The sdist is downloaded once (PyPI must be reachable) and kept in pytest's cache directory;
-only its ``tests/`` are used, against the installed jupyter_server.
+The sdist is downloaded once from PyPI (which must be reachable) and kept in pytest's cache
+directory; only its ``tests/`` are used, against the installed jupyter_server.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.request
 from importlib.metadata import version
 from pathlib import Path
 
@@ -20,6 +23,26 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 VERSION = version("jupyter_server")
+
+
+def download_sdist(name: str, version: str, directory: Path) -> Path:
+    """The sdist of ``name==version`` from PyPI's simple index (PEP 691 JSON), checked
+    against the index's sha256: a plain download, where ``pip download`` of an sdist would
+    also build its metadata (a minute on a small machine)."""
+    filename = f"{name}-{version}.tar.gz"
+    index = urllib.request.Request(
+        f"https://pypi.org/simple/{name.replace('_', '-')}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
+    with urllib.request.urlopen(index, timeout=60) as response:
+        files = json.load(response)["files"]
+    [entry] = [f for f in files if f["filename"] == filename]
+    target = directory / filename
+    with urllib.request.urlopen(entry["url"], timeout=120) as response:
+        target.write_bytes(response.read())
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    assert digest == entry["hashes"]["sha256"], f"{filename}: sha256 mismatch"
+    return target
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +56,7 @@ def server_tests(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     if (root / "tests" / "services").is_dir():
         return root
     with tempfile.TemporaryDirectory() as download:
-        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary"]
-        done = subprocess.run(
-            [*pip, ":all:", f"jupyter_server=={VERSION}", "-d", download],
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, f"cannot download the jupyter_server sdist: {done.stderr}"
-        [sdist] = Path(download).glob("*.tar.gz")
+        sdist = download_sdist("jupyter_server", VERSION, Path(download))
         with tarfile.open(sdist) as tar:
             wanted = [
                 m

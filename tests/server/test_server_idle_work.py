@@ -316,6 +316,12 @@ async def test_unsaveable_variables_say_wont_suspend_up_front(
     async def first_blocker() -> str | None:
         return next(iter((await status())["blocked_by"]), None)
 
+    async def blocker_is(expected: str | None) -> bool:
+        # the kernel's own status, as the status bar asks for it: checked now
+        reply = await jp_fetch("api", "ckpt", "status", params={"kernel_id": kernel_id})
+        [kernel] = json.loads(reply.body)["kernels"]
+        return next(iter(kernel["blocked_by"]), None) == expected
+
     # the image's event reaches the monitor through the server's event bus
     assert await poll(first_blocker, what=wont) == wont
     assert (await status())["seconds_until_suspend"] is None
@@ -327,7 +333,14 @@ async def test_unsaveable_variables_say_wont_suspend_up_front(
     assert wont not in (await status())["blocked_by"]
     manager.policy.on_unsaveable = "keep"
 
-    await client.execute("del gen, sock, lock")
+    # asked at once, not at the next save: only what the kernel still holds is named
+    # (once the server has seen the kernel idle again)
+    await client.execute("del gen, sock")
+    lock = "Won't suspend: lock cannot be saved"
+    await poll(lambda: blocker_is(lock), what=lock)
+    await client.execute("lock = threading.Lock()")  # rebound: a new value, not yet tried
+    await poll(lambda: blocker_is(None), what="no blocker")
+    await client.execute("del lock")
     await checkpoint()
     km = manager.kernel_manager
 

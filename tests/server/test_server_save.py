@@ -44,7 +44,8 @@ async def test_failed_checkpoint_is_a_result_not_a_kept_exception(jp_fetch, conn
     with pytest.raises(HTTPClientError) as failed:
         await jp_fetch("api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body="")
     assert failed.value.code == 409
-    assert "NotADirectoryError" in json.loads(failed.value.response.body)["message"]
+    message = json.loads(failed.value.response.body)["message"]
+    assert f"{chunks}: it is not a directory; move it away" in message, message
 
     reply, outputs = await client.execute("import sys\nprint(len(x), hasattr(sys, 'last_value'))")
     assert reply["status"] == "ok"
