@@ -30,6 +30,7 @@ from cloudpickle import cloudpickle as _cp
 from ..store import BUFFER_BYTES, CHUNK_SIZE
 from . import devices
 from . import pickler as _pickler
+from .identity import same_state
 from .stream import Stream
 from .stream import load as load_stream
 
@@ -195,13 +196,19 @@ def capture(
     parent: str | None = None,
     buffer_bytes: int = BUFFER_BYTES,
     verify: bool = False,
+    trigger: str | None = None,
+    newest: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Pickle ``variables`` (functions bound to ``namespace``) through ``writer``; return
     the committed manifest. Copies made for writing (device data to the host, packed
     small buffers) take about ``buffer_bytes`` of host memory at most; a save that
     fails leaves nothing in the store that gc would not remove. With ``verify``, the
     stream is loaded back first (see :func:`verify_stream`), and a variable that would not
-    load is listed as not saved, with the reason."""
+    load is listed as not saved, with the reason. ``trigger``: why the image is written
+    (``manual``, ``autosave``, ``idle``, ``shutdown``...), shown with it. ``newest``: the
+    manifest of the kernel's newest image; when this save holds the same state (see
+    :mod:`.identity`) no image is written and that manifest comes back, with
+    ``unchanged`` (this save's time and execution count) added."""
     records: dict[str, dict[str, Any]] = {}
     imports = []
     stream = Stream(namespace)
@@ -244,6 +251,7 @@ def capture(
         "name": name,
         "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         "parent": parent,
+        "trigger": trigger,
         "kernel": kernel or {},
         "variables": list(records.values()),
         "imports": imports,
@@ -261,7 +269,15 @@ def capture(
     }
     if any(d.startswith("cuda") for d in manifest["devices"]):
         manifest["gpu"] = {**gpu_facts(), "device_bytes": stream.device_bytes()}
-    return writer.commit(manifest)
+
+    def keep(complete: dict[str, Any]) -> dict[str, Any] | None:
+        if newest is None or not same_state(complete, newest):
+            return None
+        unchanged = {"created": complete["created"], "execution_count": kernel_count}
+        return {**newest, "unchanged": unchanged}
+
+    kernel_count = (kernel or {}).get("execution_count")
+    return writer.commit(manifest, keep)
 
 
 def verify_stream(stream: Stream, names: list[str]) -> dict[str, str]:

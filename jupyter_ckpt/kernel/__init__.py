@@ -58,16 +58,24 @@ class KernelSession:
         return self._store
 
     def save(
-        self, name: str | None = None, progress: str | None = None, verify: bool = False
+        self,
+        name: str | None = None,
+        progress: str | None = None,
+        verify: bool = False,
+        trigger: str = "manual",
     ) -> dict[str, Any]:
         """Write an image; a failure comes back as ``{"error": why}``, not raised. An
         exception would stay in ``sys.last_traceback`` (IPython keeps the last one), and
         with it every copy the failed save's frames held. ``progress``: a file to keep
         the bytes written in (see :mod:`jupyter_ckpt.store.progress`). ``verify``: load
-        the image back first; a variable that would not load is reported as not saved."""
+        the image back first; a variable that would not load is reported as not saved.
+        Without a ``name``, a state identical to the newest image's writes no image: that
+        image comes back, with ``unchanged`` set. A name asks for an image of its own (a
+        manifest: the chunks are shared)."""
         started = time.perf_counter()
         background.collect(self)  # a finished autosave's image is the parent
         try:
+            newest = None if name else self.newest()
             # A name is looked up later like an id, so it obeys the same rules (no paths).
             name = check_ref(name, "image name") if name else _default_name()
             manifest = image.capture(
@@ -80,6 +88,8 @@ class KernelSession:
                 parent=self.last_image,
                 buffer_bytes=self.store.buffer_bytes,
                 verify=verify,
+                trigger=trigger,
+                newest=newest,
             )
         except Exception as exc:
             return {"error": _describe(exc)}
@@ -89,6 +99,10 @@ class KernelSession:
         summary = summarize_save(manifest, time.perf_counter() - started)
         parsed = self.shell.history_manager.input_hist_parsed
         return {**summary, "cells": defining_cells(parsed, summary["lost"])}
+
+    def newest(self) -> dict[str, Any] | None:
+        """The manifest of the image last written or restored, while it is in the store."""
+        return newest_manifest(self.store, self.last_image)
 
     def still_unsaveable(self) -> list[str]:
         """The variables the last save (here or in an autosave's child) could not write
@@ -141,8 +155,22 @@ def unsaveable_ids(manifest: dict[str, Any], namespace: dict[str, Any]) -> dict[
     }
 
 
+def newest_manifest(store: ImageStore, image_id: str | None) -> dict[str, Any] | None:
+    """``image_id``'s manifest, or None when it is gone or unreadable (then a save that
+    holds the same state writes a new image: it is needed)."""
+    if not image_id:
+        return None
+    try:
+        return store.open(image_id)
+    except (CkptError, OSError):
+        return None
+
+
 def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``unchanged``: the save found the state of ``manifest``, an earlier image, and
+    wrote nothing; the cells up to its execution count are in that image's state."""
     variables = manifest["variables"]
+    unchanged = manifest.get("unchanged")
     return {
         "id": manifest["id"],
         "name": manifest["name"],
@@ -150,11 +178,13 @@ def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
         "lost": {v["name"]: v["reason"] for v in variables if v["status"] == "lost"},
         "excluded": [v["name"] for v in variables if v["status"] == "excluded"],
         "bytes": manifest["sizes"]["logical"],
-        "written": manifest["sizes"]["written"],
+        "written": 0 if unchanged else manifest["sizes"]["written"],
         "seconds": seconds,
         "verify_seconds": manifest.get("verify_seconds"),
         # the number of the next cell: cells from it on ran after the image
-        "execution_count": manifest["kernel"].get("execution_count"),
+        "execution_count": (unchanged or manifest["kernel"]).get("execution_count"),
+        "trigger": manifest.get("trigger"),
+        "unchanged": bool(unchanged),
     }
 
 
@@ -174,11 +204,13 @@ def session() -> KernelSession:
     return _session
 
 
-def checkpoint(name: str | None = None, progress: str | None = None) -> dict[str, Any]:
+def checkpoint(
+    name: str | None = None, progress: str | None = None, trigger: str = "manual"
+) -> dict[str, Any]:
     """The server's save, before a suspend or a server stop (and on request): verified,
     so that a variable reported saved is one that loads, and a kernel whose variables
     would not all come back is kept running under ``on_unsaveable = "keep"``."""
-    return session().save(name, progress, verify=True)
+    return session().save(name, progress, verify=True, trigger=trigger)
 
 
 def restore(

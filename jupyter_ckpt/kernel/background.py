@@ -176,7 +176,7 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
     blocker = fork_blocker()
     if blocker is not None:
         started = time.perf_counter()
-        summary = session.save(name, verify=True)
+        summary = session.save(verify=True, trigger="autosave")  # named by default
         stall = time.perf_counter() - started
         return {"state": "done", "mode": "blocking", "reason": blocker, "stall": stall, **summary}
     need = state_bytes(session)
@@ -245,11 +245,12 @@ def _name_process(name: str) -> None:
 
 
 def _save(session: Any, name: str) -> dict[str, Any]:
-    from . import _describe, summarize_save, unsaveable_ids
+    from . import _describe, newest_manifest, summarize_save, unsaveable_ids
 
     started = time.perf_counter()
     try:
         store = ImageStore(config=session.shell.config)  # its own I/O threads
+        newest = newest_manifest(store, session.last_image)
         manifest = image.capture(
             user_variables(session.shell),
             session.shell.user_ns,
@@ -260,6 +261,8 @@ def _save(session: Any, name: str) -> dict[str, Any]:
             parent=session.last_image,
             buffer_bytes=store.buffer_bytes,
             verify=True,  # the child's own copy of the state: the kernel does not wait
+            trigger="autosave",
+            newest=newest,
         )
     except Exception as exc:
         return {"error": _describe(exc)}

@@ -83,6 +83,12 @@ class CkptMagics(Magics):
         r = session().save(args.name, verify=args.verify)
         if "error" in r:
             return [f"%ckpt save: {r['error']} (nothing was saved; the variables are unchanged)"]
+        if r["unchanged"]:
+            return [
+                f"Nothing changed since '{r['name']}' ({r['id'][:12]}): no new image written "
+                "(give a name to write one anyway)",
+                *_not_back(r["lost"], "saved", r.get("cells", {})),
+            ]
         verified = r.get("verify_seconds")
         lines = [
             f"Saved {len(r['saved'])} variables as '{r['name']}' ({r['id'][:12]}): "

@@ -38,6 +38,9 @@ any             shutdown by the user          gone            removed
 any             shutdown by a server stop     gone            kept: recoverable next start
 ==============  ============================  ==============  =============================
 
+A save that finds the kernel's state unchanged since its newest image writes none (see
+:mod:`jupyter_ckpt.image.identity`): the transition names that image instead of a new one.
+
 A shutdown, restart or client message during a suspend aborts it at its next step; a
 shutdown or restart during a restore makes it skip its image; an autosave in progress is
 cancelled by a shutdown or restart, and waited for (within the deadline) by a suspend.
@@ -120,12 +123,8 @@ _ACTIONS = {
     "interrupt": "the kernel was interrupted",
 }
 
-# what an image holds, as opposed to when, where and under which name it was written
-_CONTENT = ("kernel", "variables", "imports", "groups", "excluded", "devices", "environment")
-
-
-def _content(manifest: dict[str, Any]) -> dict[str, Any]:
-    return {key: manifest.get(key) for key in _CONTENT}
+# the trigger an image is labelled with, by what asked a suspend for it
+_SUSPEND_LABELS = {"api": "manual", "idle": "idle", "shutdown": "shutdown"}
 
 
 def _describe_lost(lost: dict[str, str]) -> str:
@@ -279,6 +278,18 @@ class Lifecycles:
             }.get(lc.state, "autosave")
             pins[lc.record["image_id"]] = {"state": how, "kernel_id": lc.kernel_id}
         return pins
+
+    def running_from(self) -> dict[str, list[str]]:
+        """Image id -> the running kernels whose record names it: the image each runs
+        from (restored or resumed from, or last saved, unchanged since or not)."""
+        images: dict[str, list[str]] = {}
+        for lc in list(self.kernels.values()):
+            record = lc.record
+            if lc.state not in (S.RUNNING, S.AUTOSAVING) or record is None:
+                continue
+            if record.get("state") == "running" and record.get("image_id"):
+                images.setdefault(record["image_id"], []).append(lc.kernel_id)
+        return images
 
     async def _step(self, step: str, kernel_id: str) -> None:
         if self.step_hook is not None:
@@ -584,46 +595,88 @@ class Lifecycles:
             raise NothingToSave(f"kernel {kernel_id} is not running")
         return lc
 
-    async def checkpoint(self, kernel_id: str, name: str | None = None) -> dict[str, Any]:
-        """Write an image now; the kernel keeps running."""
+    async def checkpoint(
+        self, kernel_id: str, name: str | None = None, trigger: str = "manual"
+    ) -> dict[str, Any]:
+        """Write an image now; the kernel keeps running. Without a name, a state identical
+        to the kernel's newest image writes none: that image comes back, ``unchanged``.
+        ``trigger``: the label of the image (``manual``: the user's Save Now)."""
         started = time.perf_counter()
         try:
             lc = self._lifecycle(kernel_id)
             async with self._locked(lc, None):
                 if not lc.has_process:
                     raise SuspendFailed(f"kernel {kernel_id} is not running")
-                summary = await self._write_image(kernel_id, name, self._timeout(None))
+                summary = await self._write_image(kernel_id, name, self._timeout(None), trigger)
+                if summary["id"] == lc.autosave_image:
+                    # the user's save found the autosave's state: the next autosave must
+                    # not remove the image this save returned
+                    lc.autosave_image = None
                 if lc.state is S.RUNNING:  # recoverable from it at once, as from an autosave
-                    record = await self._running_record(lc, summary, "checkpoint", now_iso())
-                    previous = lc.record
-                    if previous is not None and previous.get("trigger") == "checkpoint":
-                        previous = lc.before_checkpoint
-                    try:
-                        await self._put(lc, record)
-                        lc.before_checkpoint = previous  # after the put: it clears it
-                    except (CkptError, OSError) as exc:  # the image is saved all the same
-                        self.log.warning("Could not record kernel %s: %s", kernel_id, exc)
+                    await self._record_checkpoint(lc, summary)
         except SuspendFailed as exc:
             self.events.failure("checkpoint", kernel_id, "api", exc, started)
             raise
         self.events.event("checkpoint", kernel_id, "api", started, summary)
         return summary
 
+    async def _record_checkpoint(self, lc: KernelLifecycle, summary: dict[str, Any]) -> None:
+        kept = self._kept_trigger(lc, summary)
+        if kept is not None:
+            record = await self._running_record(lc, summary, kept, now_iso())
+            try:
+                await self._put(lc, record)
+            except (CkptError, OSError) as exc:  # the record before it still names the image
+                self.log.warning("Could not update the record of kernel %s: %s", lc.kernel_id, exc)
+            return
+        record = await self._running_record(lc, summary, "checkpoint", now_iso())
+        previous = lc.record
+        if previous is not None and previous.get("trigger") == "checkpoint":
+            previous = lc.before_checkpoint
+        try:
+            await self._put(lc, record)
+            lc.before_checkpoint = previous  # after the put: it clears it
+        except (CkptError, OSError) as exc:  # the image is saved all the same
+            self.log.warning("Could not record kernel %s: %s", lc.kernel_id, exc)
+
+    @staticmethod
+    def _kept_trigger(lc: KernelLifecycle, summary: dict[str, Any]) -> str | None:
+        """For a save that found the state of the image the running record names: the
+        record's trigger, which the record moved on to the cells run since (none of which
+        changed the state) keeps, and with it the image's pin. None for any other save."""
+        record = lc.record
+        if not summary.get("unchanged") or record is None:
+            return None
+        if record.get("state") != "running" or record["image_id"] != summary["id"]:
+            return None
+        return str(record.get("trigger", "autosave"))
+
     async def _write_image(
-        self, kernel_id: str, name: str | None, timeout: float, action: str = "checkpoint"
+        self,
+        kernel_id: str,
+        name: str | None,
+        timeout: float,
+        trigger: str,
+        action: str = "checkpoint",
     ) -> dict[str, Any]:
         await self._step("checkpoint", kernel_id)
         async with self.progress.watch(kernel_id, action) as progress:
-            call = f"checkpoint({name!r}, progress={progress!r})"
+            call = f"checkpoint({name!r}, progress={progress!r}, trigger={trigger!r})"
             summary = await self.rpc.call(kernel_id, call, timeout)
         await self._step("verify", kernel_id)
-        await self._verify(summary["id"])
+        await self._verify(summary["id"], written=not summary.get("unchanged"))
         return summary
 
-    async def _verify(self, image_id: str) -> None:
+    async def _verify(self, image_id: str, written: bool = True) -> None:
+        """Verify an image before relying on it, also an earlier one an unchanged save
+        returned (its chunks may have rotted since); only one this save wrote is removed
+        when it fails."""
         try:
             await asyncio.to_thread(self.store.verify, image_id)
         except CkptError as exc:
+            if not written:
+                msg = f"the kernel's newest image failed verification: {exc}"
+                raise SuspendFailed(msg) from exc
             # a broken image must not be offered for restore or resume
             await asyncio.to_thread(self.forget_image, image_id)
             raise SuspendFailed(f"the image failed verification and was removed: {exc}") from exc
@@ -680,19 +733,26 @@ class Lifecycles:
                 if summary is None:  # skipped, and said why
                     return
                 lc.kernel_info = summary.pop("kernel_info", lc.kernel_info)
-                written = summary["id"]
+                # an unchanged save returned an earlier image: not this autosave's to remove
+                written = None if summary.get("unchanged") else summary["id"]
                 try:
-                    await asyncio.to_thread(self.store.verify, written)
+                    await asyncio.to_thread(self.store.verify, summary["id"])
                 except CkptError as exc:
                     raise SuspendFailed(f"the image failed verification: {exc}") from exc
-                record = await self._running_record(lc, summary, "autosave", now_iso())
+                trigger = self._kept_trigger(lc, summary) or "autosave"
+                record = await self._running_record(lc, summary, trigger, now_iso())
                 if lc.cells != cells:  # cells ran during the save: they come after it
                     record["cells_after"] = list(lc.executed)
                 previous = lc.autosave_image
                 await self._put(lc, record)
                 lc.refreshed_at = time.monotonic()
                 written = None  # recorded: kept
-                lc.autosave_image = summary["id"]
+                # replaced by the next autosave only if this one wrote it: an unchanged
+                # save returns an earlier image (a checkpoint, the restored image), kept
+                if not summary.get("unchanged"):
+                    lc.autosave_image = summary["id"]
+                elif previous != summary["id"]:
+                    lc.autosave_image = None
                 if previous is not None and previous != summary["id"]:
                     await asyncio.to_thread(self.forget_image, previous)
             except (SuspendFailed, CkptError, OSError) as exc:
@@ -762,17 +822,16 @@ class Lifecycles:
             lc.kernel_info = info
             self._check(lc)
             usage = self.rpc.gpu_usage(kernel_id)
-            summary = await self._write_image(kernel_id, None, self._timeout(deadline), "suspend")
-            image_id = written = summary["id"]
+            label = _SUSPEND_LABELS.get(trigger, trigger)
+            timeout = self._timeout(deadline)
+            summary = await self._write_image(kernel_id, None, timeout, label, "suspend")
+            image_id = summary["id"]
+            # nothing changed since the kernel's newest image (its autosave, a checkpoint,
+            # the image it came from): the save returned that one, so that idle cycles of
+            # an untouched kernel do not pile up identical images; it is not this
+            # suspend's to remove if the suspend fails
+            written = None if summary.get("unchanged") else image_id
             self._check(lc)
-            parent = await asyncio.to_thread(self._unchanged_parent, image_id)
-            if parent is not None:
-                # nothing changed since the image the kernel came from: keep that one, so
-                # that idle cycles of an untouched kernel do not pile up identical images
-                await asyncio.to_thread(self.forget_image, image_id)
-                written = None
-                image_id = parent["id"]
-                summary = {**summary, "id": image_id, "name": parent["name"]}
             # at shutdown the state is lost anyway: keep what can be kept
             if summary["lost"] and self.policy.on_unsaveable == "keep" and trigger != "shutdown":
                 raise SuspendFailed(
@@ -852,19 +911,6 @@ class Lifecycles:
                 await self._put(lc, previous)
         except (CkptError, OSError) as exc:
             self.log.warning("could not put back the record of kernel %s: %s", lc.kernel_id, exc)
-
-    def _unchanged_parent(self, image_id: str) -> dict[str, Any] | None:
-        """The manifest of the image's parent (the image the kernel last wrote or was
-        restored from) when both hold the same state. Manifests are JSON: nothing is
-        unpickled."""
-        manifest = self.store.open(image_id)
-        if not manifest.get("parent"):
-            return None
-        try:
-            parent = self.store.open(manifest["parent"])
-        except CkptError:
-            return None  # gone or unreadable: the new image is needed
-        return parent if _content(parent) == _content(manifest) else None
 
     # -- restore ------------------------------------------------------------------------------
 
@@ -1078,7 +1124,7 @@ class Lifecycles:
         for old_id in old:
             if self.km.has_process(old_id):
                 try:
-                    await self.checkpoint(old_id)
+                    await self.checkpoint(old_id, trigger="replaced")
                 except SuspendFailed as exc:
                     self.log.warning("Kernel %s replaced without a checkpoint: %s", old_id, exc)
             if old_id in self.km:

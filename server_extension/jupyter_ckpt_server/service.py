@@ -26,6 +26,8 @@ def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
         "name": manifest["name"],
         "created": manifest["created"],
         "parent": manifest.get("parent"),
+        # why it was written: autosave, idle, manual, shutdown, replaced (None: older images)
+        "trigger": manifest.get("trigger"),
         "kernel_id": kernel.get("id"),
         "notebook_path": kernel.get("notebook_path"),
         "devices": manifest.get("devices", []),
@@ -92,9 +94,27 @@ class CkptService:
             **self.manager.lifecycles.pinned(),
         }
 
+    async def _in_use(self) -> dict[str, list[dict[str, Any]]]:
+        """Image id -> the running kernels that run from it, each with its sessions (the
+        notebook or console a user knows it by)."""
+        running = self.manager.lifecycles.running_from()
+        if not running:
+            return {}
+        sessions: dict[str, list[dict[str, Any]]] = {}
+        if self.session_manager is not None:
+            for session in await self.session_manager.list_sessions():
+                kernel_id = (session.get("kernel") or {}).get("id")
+                about = {key: session.get(key) for key in ("name", "path", "type")}
+                sessions.setdefault(kernel_id, []).append(about)
+        return {
+            image_id: [{"kernel_id": k, "sessions": sessions.get(k, [])} for k in kernels]
+            for image_id, kernels in running.items()
+        }
+
     async def list_images(self) -> list[dict[str, Any]]:
         entries = await asyncio.to_thread(lambda: list(self.manager.store.iter_manifests()))
         states = await self._image_states()
+        in_use = await self._in_use()
         valid = [m for _, m, _ in entries if m is not None]
         verdicts = iter(compat.check_all(valid, self.node))
         images = []
@@ -106,6 +126,7 @@ class CkptService:
                 {
                     **image_summary(manifest),
                     **states.get(image_id, {"state": "saved"}),
+                    "in_use_by": in_use.get(image_id, []),
                     "compatibility": next(verdicts),
                 }
             )
@@ -114,9 +135,11 @@ class CkptService:
     async def image(self, ref: str) -> dict[str, Any]:
         manifest = await asyncio.to_thread(self.manager.store.open, ref)
         states = await self._image_states()
+        in_use = await self._in_use()
         return {
             **image_summary(manifest),
             **states.get(manifest["id"], {"state": "saved"}),
+            "in_use_by": in_use.get(manifest["id"], []),
             "variables": manifest.get("variables", []),
             "environment": manifest.get("environment", {}),
             "compatibility": compat.check(manifest, self.node),

@@ -1,17 +1,20 @@
 """Saves asked for through the server: the server's memory setting reaches the kernels,
-and a save that fails inside the kernel gives the client its cause while the kernel keeps
+a save that fails inside the kernel gives the client its cause while the kernel keeps
 its state and nothing of the failed save stays alive in it (an exception IPython keeps in
-``sys.last_value`` holds every frame of the save, and with them the copies it made)."""
+``sys.last_value`` holds every frame of the save, and with them the copies it made), and
+a save that finds the kernel's newest state unchanged writes no image, whatever asked
+for it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import SERVER_CONFIG
-from server_helpers import start_session, text_of
+from server_helpers import get_json, poll, start_session, text_of
 from tornado.httpclient import HTTPClientError
 
 BUFFER = 32 << 20
@@ -21,6 +24,7 @@ BUFFER = 32 << 20
 def jp_server_config() -> dict[str, Any]:
     config = json.loads(json.dumps(SERVER_CONFIG))
     config["ImageStore"] = {"buffer_bytes": BUFFER}
+    config["SuspendPolicy"]["autosave_idle"] = 3600  # the tests start autosaves themselves
     return config
 
 
@@ -50,3 +54,86 @@ async def test_failed_checkpoint_is_a_result_not_a_kept_exception(jp_fetch, conn
     reply, outputs = await client.execute("import sys\nprint(len(x), hasattr(sys, 'last_value'))")
     assert reply["status"] == "ok"
     assert text_of(outputs) == "100000 False\n"
+
+
+async def test_a_save_of_an_unchanged_state_writes_no_image(
+    jp_fetch, connect, manager, jp_serverapp
+):
+    """Each trigger (Save Now, autosave, idle suspend, shutdown suspend) returns the
+    kernel's newest image when nothing changed since; the listing labels every image with
+    the trigger that wrote it and names the kernel that runs from it."""
+    autosaver = jp_serverapp.web_app.settings["jupyter_ckpt_autosaver"]
+    lifecycles = manager.lifecycles
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+
+    async def autosave() -> None:
+        await poll(lambda: lifecycles[kernel_id].executed, what="the cell to be seen")
+        # started once no other action (a record refresh) holds the kernel
+        while (task := autosaver.start(kernel_id)) is None:
+            await asyncio.sleep(0.05)
+        await task
+
+    async def listing() -> dict[str, dict[str, Any]]:
+        return {i["id"]: i for i in await get_json(jp_fetch, "api", "ckpt", "images")}
+
+    await client.execute("w = 3")
+    first = await manager.checkpoint(kernel_id)
+    assert (first["unchanged"], first["trigger"]) == (False, "manual")
+    # a cell that changes nothing, then an autosave and a Save Now: the same image
+    await client.execute("print(w)")
+    await autosave()
+    again = await manager.checkpoint(kernel_id)
+    assert (again["id"], again["unchanged"], again["written"]) == (first["id"], True, 0)
+    assert manager.store.image_ids() == [first["id"]]
+    assert manager.records.get(kernel_id)["image_id"] == first["id"]
+    # a name asks for an image of its own, even of the same state
+    named = await manager.checkpoint(kernel_id, "kept")
+    assert named["id"] != first["id"] and not named["unchanged"]
+
+    await client.execute("w = 4")
+    await autosave()
+    autosaved = manager.records.get(kernel_id)["image_id"]
+    assert (await manager.checkpoint(kernel_id))["id"] == autosaved
+    # the next autosave replaces its own images only, not one a Save Now returned
+    await client.execute("w = 5")
+    await autosave()
+    newest = manager.records.get(kernel_id)["image_id"]
+    images = await listing()
+    assert set(images) == {first["id"], named["id"], autosaved, newest}
+    assert [images[i]["trigger"] for i in (first["id"], named["id"], autosaved, newest)] == [
+        "manual",
+        "manual",
+        "autosave",
+        "autosave",
+    ]
+    assert images[newest]["in_use_by"] == [
+        {
+            "kernel_id": kernel_id,
+            "sessions": [{"name": "work.ipynb", "path": "work.ipynb", "type": "notebook"}],
+        }
+    ]
+    assert [i["id"] for i in images.values() if i["in_use_by"]] == [newest]
+
+    # an idle suspend of the unchanged kernel: suspended on its newest image
+    assert (await manager.suspend(kernel_id, trigger="idle"))["id"] == newest
+    assert manager.records.get(kernel_id)["image_id"] == newest
+    images = await listing()
+    assert len(images) == 4 and images[newest]["state"] == "suspended"
+    assert not images[newest]["in_use_by"]
+    # restored without a change, it runs from that image; a shutdown suspend of a
+    # changed state writes one labelled so
+    client = await connect(kernel_id)
+    await client.reply_to(client.send("complete_request", {"code": "w", "cursor_pos": 1}))
+    await poll(lambda: lifecycles.running_from().get(newest) == [kernel_id])
+    kernel = manager.kernel_manager.get_kernel(kernel_id)
+    await poll(lambda: kernel.execution_state == "idle", what="the kernel to be idle")
+    assert (await manager.suspend(kernel_id, trigger="shutdown"))["id"] == newest
+    await (await connect(kernel_id)).execute("w = 6")
+    last = await manager.suspend(kernel_id, trigger="shutdown")
+    images = await listing()
+    assert last["id"] not in (newest, first["id"]) and len(images) == 5
+    assert (images[last["id"]]["trigger"], images[last["id"]]["state"]) == (
+        "shutdown",
+        "suspended",
+    )
