@@ -12,7 +12,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { showDetails } from './details';
-import { baseName, formatBytes, savedName, shortId } from './format';
+import { baseName, formatBytes, shortId } from './format';
 import {
   confirmSuspend,
   excludeCode,
@@ -33,6 +33,7 @@ import {
 import {
   imageLabel,
   ISessionRow,
+  previousInEntry,
   refusalText,
   SavedSessionsModel
 } from './sessions';
@@ -72,12 +73,12 @@ export class CkptActions implements IRowActions {
     private readonly _settings: () => ICkptSettings = () => DEFAULT_SETTINGS
   ) {}
 
-  /** Save now, under a name of its own (`savedName`): a state the user chose to keep,
-   * marked as named in the panel like `%ckpt save NAME`, not one of the images idle
-   * cycles write under the notebook's name. */
+  /** Save now. Without a name: the server labels the image "manual" (a state the user
+   * chose to keep), and writes none when nothing changed since the kernel's newest
+   * image, which it names instead. */
   async checkpoint(kernelId: string): Promise<void> {
     await this._write('Checkpoint', kernelId, () =>
-      this._api.checkpoint(kernelId, savedName(new Date()))
+      this._api.checkpoint(kernelId)
     );
   }
 
@@ -198,10 +199,19 @@ export class CkptActions implements IRowActions {
     await this._sessions.refresh();
   }
 
+  /** The image's variables, and what changed since the image saved before it in the
+   * same entry (asked for too; without it, the dialog says there is none). */
   details(row: ISessionRow): Promise<void> {
     return this._sessions.act(row.image.id, async () => {
       try {
-        await showDetails(row.title, await this._api.getImage(row.image.id));
+        const before = previousInEntry(this._sessions.allRows, row.image.id);
+        const [image, previous] = await Promise.all([
+          this._api.getImage(row.image.id),
+          before && before.image.state !== 'invalid'
+            ? this._api.getImage(before.image.id).catch(() => null)
+            : null
+        ]);
+        await showDetails(row.title, image, previous, this._trans);
       } catch (error) {
         Notification.error(
           this._trans.__(
@@ -231,8 +241,19 @@ export class CkptActions implements IRowActions {
     try {
       const reply = await call();
       const names = Object.keys(reply.lost ?? {});
-      const done =
-        what === 'Checkpoint'
+      const done = reply.unchanged
+        ? what === 'Checkpoint'
+          ? trans.__(
+              'Nothing changed since image %1 (%2): no new image written.',
+              reply.name,
+              shortId(reply.id)
+            )
+          : trans.__(
+              'Kernel suspended to image %1 (%2), unchanged since it was saved.',
+              reply.name,
+              shortId(reply.id)
+            )
+        : what === 'Checkpoint'
           ? trans.__(
               'Kernel state saved: image %1 (%2).',
               reply.name,

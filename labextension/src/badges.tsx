@@ -1,10 +1,17 @@
 /** Small parts of a saved-sessions entry, rendered from the server's data alone. */
 
+import { TranslationBundle } from '@jupyterlab/translation';
 import * as React from 'react';
 
 import { formatBytes } from './format';
 import { progressText, recoveredTitle } from './kernelstatus';
-import { ICompatibility, IKernelStatus, IProgress, Verdict } from './types';
+import {
+  ICompatibility,
+  IKernelStatus,
+  ImageTrigger,
+  IProgress,
+  Verdict
+} from './types';
 
 /** "recovered after a crash" on the entry of a kernel its server did not suspend. */
 export function RecoveredBadge({
@@ -89,6 +96,88 @@ export function ProgressLine({
         aria-label={label}
       />
       <span>{label}</span>
+    </div>
+  );
+}
+
+/** What an image's trigger is called in its row, and what its tooltip says. */
+export function triggerText(
+  trigger: ImageTrigger | null | undefined,
+  trans: TranslationBundle
+): { label: string; title: string } | null {
+  switch (trigger) {
+    case 'autosave':
+      return {
+        label: trans.__('autosave'),
+        title: trans.__('Written in the background while the kernel ran')
+      };
+    case 'idle':
+      return {
+        label: trans.__('idle'),
+        title: trans.__('Written when the idle kernel was suspended')
+      };
+    case 'manual':
+      return {
+        label: trans.__('manual'),
+        title: trans.__('Written when you saved or suspended the kernel')
+      };
+    case 'shutdown':
+      return {
+        label: trans.__('shutdown'),
+        title: trans.__('Written when the server stopped')
+      };
+    case 'replaced':
+      return {
+        label: trans.__('replaced'),
+        title: trans.__(
+          'Written before another image was resumed into its notebook'
+        )
+      };
+    default:
+      return null;
+  }
+}
+
+/** The trigger an image was written by, as one of its row's facts. */
+export function TriggerFact({
+  trigger,
+  trans
+}: {
+  trigger: ImageTrigger | null | undefined;
+  trans: TranslationBundle;
+}): JSX.Element | null {
+  const text = triggerText(trigger, trans);
+  return text ? (
+    <span
+      className="jp-CkptRow-trigger"
+      data-trigger={trigger}
+      title={text.title}
+    >
+      {text.label}
+    </span>
+  ) : null;
+}
+
+/** "in use by Console 3": the sessions whose kernels run from the image. */
+export function InUseLine({
+  names,
+  trans
+}: {
+  names: string[];
+  trans: TranslationBundle;
+}): JSX.Element | null {
+  if (!names.length) {
+    return null;
+  }
+  return (
+    <div
+      className="jp-CkptRow-inUse"
+      title={trans.__(
+        'The kernel of %1 runs from this image: it was restored from it, or last saved to it',
+        names.join(', ')
+      )}
+    >
+      {trans.__('in use by %1', names.join(', '))}
     </div>
   );
 }

@@ -62,11 +62,3 @@ export function shortenIds(text: string): string {
     id => shortId(id)
   );
 }
-
-/** The name of an image saved with Save Kernel State Now: "saved-2026-12-02-1405"
- * (local time; letters, digits and dashes, as image names must be). */
-export function savedName(when: Date): string {
-  const two = (n: number) => String(n).padStart(2, '0');
-  const day = `${when.getFullYear()}-${two(when.getMonth() + 1)}-${two(when.getDate())}`;
-  return `saved-${day}-${two(when.getHours())}${two(when.getMinutes())}`;
-}

@@ -335,7 +335,8 @@ function activate(
       image: { id: '', state: 'saved' },
       notebook: 'notebook',
       title: '',
-      suspendedKernel: null
+      suspendedKernel: null,
+      inUse: []
     }).find(c => c.target === target)!;
     app.commands.addCommand(command, {
       label: args => (choice(target, args) ?? fallback).label,

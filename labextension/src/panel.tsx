@@ -13,7 +13,14 @@ import * as React from 'react';
 
 import { exactTime, formatBytes, relativeTime, shortId } from './format';
 import { ckptIcon, nameTagIcon } from './icon';
-import { Compatibility, gpuNeed, ProgressLine, RecoveredBadge } from './badges';
+import {
+  Compatibility,
+  gpuNeed,
+  InUseLine,
+  ProgressLine,
+  RecoveredBadge,
+  TriggerFact
+} from './badges';
 import { KernelStatusModel } from './kernelstatus';
 import { RESUME_COMMANDS, ResumeTarget } from './resume';
 import {
@@ -351,6 +358,11 @@ export class SavedSessionsPanel extends ReactWidget {
         </span>
       );
     }
+    if (image.trigger) {
+      facts.push(
+        <TriggerFact key="trigger" trigger={image.trigger} trans={trans} />
+      );
+    }
     if (image.size?.logical !== undefined) {
       facts.push(<span key="size">{formatBytes(image.size.logical)}</span>);
     }
@@ -420,6 +432,7 @@ export class SavedSessionsPanel extends ReactWidget {
             {image.name}
           </div>
         )}
+        <InUseLine names={row.inUse} trans={trans} />
         <div className="jp-CkptRow-facts">{facts}</div>
         {row.suspendedKernel && (
           <ProgressLine

@@ -3,7 +3,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { baseName, formatBytes, shortenIds, shortId } from './format';
-import { ICkptApi, IImage } from './types';
+import { ICkptApi, IImage, IVariable } from './types';
 
 export interface ISessionRow {
   image: IImage;
@@ -13,6 +13,9 @@ export interface ISessionRow {
   title: string;
   /** The suspended kernel that needs this image, if any. */
   suspendedKernel: string | null;
+  /** What the running kernels that run from this image are known by ("Console 3",
+   * "A.ipynb"); empty when none does. */
+  inUse: string[];
 }
 
 /** What the panel offers to do with a row's image. */
@@ -154,6 +157,31 @@ function consoleTitle(
 }
 
 /**
+ * The sessions a user knows the kernels that run from `image` by: a notebook's file
+ * name (its live session, which follows renames), a console's name ("Console 3"), else
+ * the session the server lists, else the kernel's short id.
+ */
+export function inUseNames(image: IImage, context: ILiveContext): string[] {
+  const names: string[] = [];
+  for (const use of image.in_use_by ?? []) {
+    const notebook = context.kernelPaths.get(use.kernel_id);
+    const console = context.consoles?.get(use.kernel_id);
+    const known = use.sessions.map(s =>
+      s.type === 'notebook' && s.path ? baseName(s.path) : (s.name ?? '')
+    );
+    const name =
+      (notebook && baseName(notebook)) ||
+      console ||
+      known.find(n => n) ||
+      `kernel ${shortId(use.kernel_id)}`;
+    if (!names.includes(name)) {
+      names.push(name);
+    }
+  }
+  return names;
+}
+
+/**
  * Rows for the images, newest first. A suspended kernel's notebook is taken from its live
  * session (`kernelPaths`), which follows renames; otherwise from the image's manifest,
  * carried through the renames made here since. Images of a console (no notebook file
@@ -188,7 +216,8 @@ export function sessionRows(
       image,
       notebook,
       title: notebook ? baseName(notebook) : console || image.name || image.id,
-      suspendedKernel: kernel
+      suspendedKernel: kernel,
+      inUse: inUseNames(image, live)
     };
   });
   const time = (row: ISessionRow) => Date.parse(row.image.created ?? '') || 0;
@@ -497,6 +526,58 @@ export function changeSince(image: IImage, previous: IImage): string {
   return parts.length
     ? `${parts.join(', ')} than the one before`
     : 'same size and variables as the one before';
+}
+
+/** The image saved before `imageId` in the same entry (notebook or console kernel),
+ * or undefined for the entry's first image. */
+export function previousInEntry(
+  rows: ISessionRow[],
+  imageId: string
+): ISessionRow | undefined {
+  const time = (row: ISessionRow) => Date.parse(row.image.created ?? '') || 0;
+  for (const { latest, older } of groupRows(rows)) {
+    const images = [latest, ...older].sort((a, b) => time(b) - time(a));
+    const at = images.findIndex(row => row.image.id === imageId);
+    if (at >= 0) {
+      return images[at + 1];
+    }
+  }
+  return undefined;
+}
+
+/** What changed from one image's variables to the next one's, by name. */
+export interface IVariableDiff {
+  added: string[];
+  removed: string[];
+  /** Variables of both whose type, size, shape, device or status differ. */
+  changed: string[];
+}
+
+/** The facts of a variable a manifest records, to tell that it changed. */
+function facts(variable: IVariable): string {
+  const { type, bytes, shape, dtype, devices, status } = variable;
+  return JSON.stringify([type, bytes, shape, dtype, devices, status]);
+}
+
+/** The variables added, removed and changed from `before` (the image saved before) to
+ * `now`, each list sorted. From manifests: a value rewritten with the same type and
+ * size is not seen as changed. */
+export function variableDiff(
+  now: IVariable[],
+  before: IVariable[]
+): IVariableDiff {
+  const old = new Map(before.map(v => [v.name, v]));
+  const current = new Set(now.map(v => v.name));
+  const sorted = (names: string[]) => [...names].sort();
+  return {
+    added: sorted(now.filter(v => !old.has(v.name)).map(v => v.name)),
+    removed: sorted(before.filter(v => !current.has(v.name)).map(v => v.name)),
+    changed: sorted(
+      now
+        .filter(v => old.has(v.name) && facts(old.get(v.name)!) !== facts(v))
+        .map(v => v.name)
+    )
+  };
 }
 
 /** The state an entry shows: its notebook's (or console's) kernel, if one runs or is

@@ -35,6 +35,22 @@ export interface IImage {
   gpu?: { model?: string; memory_bytes?: number };
   /** Why an invalid image could not be read. */
   error?: string;
+  /** What wrote it: "autosave", "idle" (an idle suspend), "manual" (Save Now, Suspend
+   * Now, `%ckpt save`), "shutdown" (the server stopped) or "replaced" (another image was
+   * resumed into its notebook); null for images older servers wrote. */
+  trigger?: ImageTrigger | null;
+  /** The running kernels that run from it (restored or resumed from it, or last saved
+   * to it), each with its sessions. */
+  in_use_by?: IInUse[];
+}
+
+export type ImageTrigger =
+  'autosave' | 'idle' | 'manual' | 'shutdown' | 'replaced';
+
+/** A running kernel that runs from an image, and the sessions it is known by. */
+export interface IInUse {
+  kernel_id: string;
+  sessions: { name?: string; path?: string; type?: string }[];
 }
 
 export interface IVariable {
@@ -113,6 +129,9 @@ export interface IWriteReply {
   name: string;
   bytes: number;
   lost: Record<string, string>;
+  /** Nothing changed since the kernel's newest image: no image was written, `id` is
+   * that image. */
+  unchanged?: boolean;
 }
 
 /** A jupyter_events record of the schema below, as the event stream delivers it. */

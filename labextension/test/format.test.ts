@@ -5,7 +5,6 @@ import {
   formatBytes,
   formatDuration,
   relativeTime,
-  savedName,
   shortenIds
 } from '../src/format';
 
@@ -57,13 +56,5 @@ describe('shortenIds', () => {
       'image 3f9a2c51 is needed by running kernel 0b1c2d3e; resume or shut down that kernel first'
     );
     expect(shortenIds('cafe 1234 deadbeef')).toBe('cafe 1234 deadbeef');
-  });
-});
-
-describe('savedName', () => {
-  it('names a hand-saved image by its local time, as image names may be', () => {
-    const name = savedName(new Date(2026, 11, 2, 9, 5));
-    expect(name).toBe('saved-2026-12-02-0905');
-    expect(name).toMatch(/^[A-Za-z0-9][A-Za-z0-9._-]*$/);
   });
 });

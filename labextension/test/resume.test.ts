@@ -16,6 +16,7 @@ function row(extra: Partial<ISessionRow> = {}): ISessionRow {
     notebook: 'work/train.ipynb',
     title: 'train.ipynb',
     suspendedKernel: null,
+    inUse: [],
     ...extra
   };
 }

@@ -281,7 +281,8 @@ describe('entryState', () => {
       image: image('s', at, { state: 'suspended', kernel_id: 'k0' }),
       notebook: 'a.ipynb',
       title: 'a.ipynb',
-      suspendedKernel: 'k0'
+      suspendedKernel: 'k0',
+      inUse: []
     };
     expect(entryState(suspended, kernels, state)).toEqual({
       state: 'suspended',
@@ -346,7 +347,8 @@ describe('what an entry says about its images', () => {
     image: saved({ name }),
     notebook,
     title: notebook ?? name,
-    suspendedKernel: null
+    suspendedKernel: null,
+    inUse: []
   });
 
   it('marks images saved under a name of their own', () => {
