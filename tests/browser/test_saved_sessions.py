@@ -111,6 +111,31 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
     expect(row).to_have_count(0)
     assert not any(i["id"].startswith(image_id) for i in lab.api("GET", "api/ckpt/images"))
 
+    # Save Now twice with a change between, then once without: two images, each
+    # labelled with what wrote it; the notebook's kernel runs from the newest, and
+    # Details says what changed since the one before
+    kernel_id = lab.kernel_of("details.ipynb")
+    run_command(page, "Save Kernel State Now")
+    expect(toast(page, "Kernel state saved").first).to_be_visible()
+    run_cell(page, "del a; b = 1")
+    run_command(page, "Save Kernel State Now")
+    run_command(page, "Save Kernel State Now")
+    expect(toast(page, "Nothing changed since image details")).to_be_visible()
+    mine = [i for i in lab.api("GET", "api/ckpt/images") if i["kernel_id"] == kernel_id]
+    assert [i["trigger"] for i in mine] == ["manual", "manual"], mine
+    newest = max(mine, key=lambda i: i["created"])
+    head = image_row(panel, newest["id"])
+    expect(head.locator(".jp-CkptRow-trigger").first).to_have_text("manual")
+    expect(head.locator(".jp-CkptRow-inUse")).to_have_text("in use by details.ipynb")
+    expect(panel.locator(".jp-CkptRow-inUse")).to_have_count(1)
+    screenshot(page.locator(PANEL), "panel-in-use")
+    head.get_by_role("button", name="Details of details.ipynb").first.click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog.locator("[data-change='added']")).to_have_text("Added: b")
+    expect(dialog.locator("[data-change='removed']")).to_have_text("Removed: a")
+    screenshot(dialog.locator(".jp-Dialog-content"), "details-diff")
+    confirm(page, "Close")
+
 
 def run_command(page: Page, label: str) -> None:
     """Run a command from the command palette, as a keyboard user does."""
@@ -137,11 +162,12 @@ def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: La
     expect(toast_action(page, "Kernel state saved", "Show details")).to_be_visible()
     expect(toast_action(page, "Kernel state saved", "Exclude it")).to_be_visible()
     kernel_id = lab.kernel_of(notebook)
-    # a state the user chose to keep, under a name of its own (marked in the panel)
-    names = [
-        i["name"] for i in lab.api("GET", "api/ckpt/images") if i.get("kernel_id") == kernel_id
-    ]
-    assert len(names) == 1 and re.fullmatch(r"saved-\d{4}-\d\d-\d\d-\d{4}", names[0]), names
+
+    def images() -> list[dict]:
+        return [i for i in lab.api("GET", "api/ckpt/images") if i.get("kernel_id") == kernel_id]
+
+    # a state the user chose to keep: labelled so, under the notebook's name
+    assert [(i["trigger"], i["name"]) for i in images()] == [("manual", "commands")]
 
     # on_unsaveable="keep": the kernel stays up and the notification names the variable,
     # whole, with no setting names, and offers the ways out
