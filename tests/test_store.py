@@ -104,6 +104,28 @@ def test_identical_save_writes_nothing(store: ImageStore) -> None:
     assert again["sizes"]["written"] == 0 < again["sizes"]["logical"]
 
 
+def test_a_save_of_the_newest_images_state_commits_no_image(store: ImageStore) -> None:
+    """Given the newest image, a save of the same state returns it and commits nothing;
+    a value that changed but kept its size (3 -> 4) is a new state: the comparison goes
+    by the chunks' digests, not by the variables' facts."""
+    namespace: dict[str, Any] = {"a": np.ones(3 << 20), "w": 3}
+
+    def capture(newest: dict[str, Any] | None) -> dict[str, Any]:
+        return image.capture(
+            dict(namespace), namespace, store.writer(), name="n", newest=newest, trigger="idle"
+        )
+
+    first = capture(None)
+    assert first["trigger"] == "idle" and "unchanged" not in first
+    again = capture(store.open(first["id"]))
+    assert again["id"] == first["id"] and again["unchanged"]
+    assert store.image_ids() == [first["id"]]
+    namespace["w"] = 4
+    changed = capture(store.open(first["id"]))
+    assert changed["id"] != first["id"] and "unchanged" not in changed
+    assert sorted(store.image_ids()) == sorted([first["id"], changed["id"]])
+
+
 def test_repeated_chunks_in_one_image_written_once(store: ImageStore) -> None:
     """16 equal chunks (zeros) are one file and count once in 'written'."""
     manifest = save(store, "zeros", z=np.zeros(16 * CHUNK_SIZE, dtype=np.uint8))

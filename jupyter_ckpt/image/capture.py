@@ -269,14 +269,13 @@ def capture(
     }
     if any(d.startswith("cuda") for d in manifest["devices"]):
         manifest["gpu"] = {**gpu_facts(), "device_bytes": stream.device_bytes()}
+    count = (kernel or {}).get("execution_count")
 
     def keep(complete: dict[str, Any]) -> dict[str, Any] | None:
         if newest is None or not same_state(complete, newest):
             return None
-        unchanged = {"created": complete["created"], "execution_count": kernel_count}
-        return {**newest, "unchanged": unchanged}
+        return {**newest, "unchanged": {"created": complete["created"], "execution_count": count}}
 
-    kernel_count = (kernel or {}).get("execution_count")
     return writer.commit(manifest, keep)
 
 
