@@ -48,7 +48,8 @@ class KernelSession:
         self.last_image: str | None = None
         # name -> id() of each value the last save could not write (no reference kept)
         self.unsaveable: dict[str, int] = {}
-        self.last_bytes = 0  # logical size of the last image: what a forked save may copy
+        # the last image's bytes held in host memory: what a forked save may copy
+        self.last_bytes = 0
         self._store: ImageStore | None = None
 
     @property
@@ -90,7 +91,7 @@ class KernelSession:
             for v in manifest["variables"]
             if v["status"] == "lost" and v["name"] in namespace
         }
-        self.last_bytes = manifest["sizes"]["logical"]
+        self.last_bytes = host_bytes(manifest)
         summary = summarize_save(manifest, time.perf_counter() - started)
         parsed = self.shell.history_manager.input_hist_parsed
         return {**summary, "cells": defining_cells(parsed, summary["lost"])}
@@ -120,7 +121,7 @@ class KernelSession:
         report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
-        self.last_bytes = manifest["sizes"]["logical"]
+        self.last_bytes = host_bytes(manifest)
         return {
             "id": manifest["id"],
             "name": manifest["name"],
@@ -135,6 +136,12 @@ def _describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, CkptError) else f"{type(exc).__name__}: {exc}"
 
 
+def host_bytes(manifest: dict[str, Any]) -> int:
+    """The image's bytes that lived in host memory: its logical size less its GPU state."""
+    on_devices = manifest.get("gpu", {}).get("device_bytes", {})
+    return manifest["sizes"]["logical"] - sum(on_devices.values())
+
+
 def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
     variables = manifest["variables"]
     return {
@@ -144,6 +151,7 @@ def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
         "lost": {v["name"]: v["reason"] for v in variables if v["status"] == "lost"},
         "excluded": [v["name"] for v in variables if v["status"] == "excluded"],
         "bytes": manifest["sizes"]["logical"],
+        "host_bytes": host_bytes(manifest),
         "written": manifest["sizes"]["written"],
         "seconds": seconds,
         "verify_seconds": manifest.get("verify_seconds"),
