@@ -133,15 +133,14 @@ def autosave(kernel: Kernel) -> dict[str, Any]:
 
 
 def test_autosave_copies_device_state_in_the_kernel_for_the_child_to_write(
-    start_kernel, kernel: Kernel
+    kernel: Kernel,
 ) -> None:
-    a = start_kernel()
-    a.run(SETUP)
-    done = autosave(a)
+    kernel.run(SETUP)
+    done = autosave(kernel)
     assert (done["state"], done["mode"], done.get("error")) == ("done", "fork", None), done
     assert done["copy_bytes"] == DEVICE_BYTES and done["stall"] >= done["copy_seconds"] > 0
     # copied before the fork, through the staging path; none read as a blocking save does
-    assert a.eval(f"[{FAKE}.copied_ahead, {FAKE}.to_host_calls]") == [DEVICE_BYTES, 0]
+    assert kernel.eval(f"[{FAKE}.copied_ahead, {FAKE}.to_host_calls]") == [DEVICE_BYTES, 0]
     # the stand-in fails in a forked child, as CUDA does: nothing was lost to it
     assert done["lost"] == {} and set(GPU_VARS) <= set(done["saved"]), done
     out, sent = restore_on(kernel, gpus=2, ref=done["id"])

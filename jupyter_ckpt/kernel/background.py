@@ -183,6 +183,7 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
     storages: list[tuple[str, Any]] = []
     if blocker is not None and hasattr(os, "fork") and devices.device_ops.cuda_initialized():
         storages, blocker = hostcopy.device_storages(devices.device_ops)
+    found = time.perf_counter()
     if blocker is None:
         blocker = memory_blocker(session, sum(s.nbytes() for _, s in storages))
         if blocker is not None and not storages:
@@ -218,7 +219,8 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
         "fork_seconds": time.perf_counter() - forking,
         "stall": time.perf_counter() - started,
         "copy_bytes": sum(s.nbytes() for _, s in storages),
-        "copy_seconds": copied - started,
+        "find_seconds": found - started,  # of the device storages, before the copy
+        "copy_seconds": copied - found,
         "threads_at_fork": threads,
     }
 
