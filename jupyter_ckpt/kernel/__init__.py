@@ -137,9 +137,10 @@ def _describe(exc: BaseException) -> str:
 
 
 def host_bytes(manifest: dict[str, Any]) -> int:
-    """The image's bytes that lived in host memory: its logical size less its GPU state."""
+    """The image's bytes that lived in host memory: its logical size less its GPU state
+    (which counts the storages of variables that failed too, hence the floor)."""
     on_devices = manifest.get("gpu", {}).get("device_bytes", {})
-    return manifest["sizes"]["logical"] - sum(on_devices.values())
+    return max(0, manifest["sizes"]["logical"] - sum(on_devices.values()))
 
 
 def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
