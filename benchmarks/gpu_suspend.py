@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import GB, human_size, parse_size, report_check, report_figure
+from gpu_roundtrip import NO_GPU, cuda_device_count
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -205,8 +206,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda:0", help="cuda:N, or cpu for a dry run")
     parser.add_argument("--cpu", action="store_true", help="the same as --device cpu")
     args = parser.parse_args()
+    device = "cpu" if args.cpu else args.device
+    if device != "cpu":
+        import torch
+
+        if cuda_device_count(torch, "gpu_suspend", cpu=False) is None:
+            sys.exit(NO_GPU)
     with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(run(args.size, "cpu" if args.cpu else args.device, Path(tmp)))
+        asyncio.run(run(args.size, device, Path(tmp)))
 
 
 if __name__ == "__main__":
