@@ -42,6 +42,7 @@ def test_every_device_storage_is_found_once(gpu: FakeDeviceOps) -> None:
     model = torch.nn.Linear(4, 2)
     on(gpu, model.weight, "cuda:0")
     held = {"view": weights[10:20], "nested": [[weights.view(10, 100)]], "cpu": torch.ones(3)}
+    held["no storage"] = torch.eye(3).to_sparse()  # asking for its storage raises
     found, reason = device_storages(gpu)
     assert reason is None
     addresses = {storage.data_ptr(): device for device, storage in found}

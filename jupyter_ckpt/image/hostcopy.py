@@ -58,18 +58,19 @@ def device_storages(ops: devices.DeviceOps) -> tuple[list[tuple[str, Any]], str 
     tensor_kinds = {kind for kind in set(kinds) if issubclass(kind, torch.Tensor)}
     found: dict[int, tuple[str, Any]] = {}
     for tensor in itertools.compress(objects, map(tensor_kinds.__contains__, kinds)):
-        device = ops.device_of(tensor)
-        if not device.startswith("cuda"):
-            continue
-        if not saved_as_storage(tensor):
-            return [], (
-                f"a tensor on {device} ({tensor.layout}, {tensor.dtype}) is saved by "
-                "torch's own reduce, which reads it on the device"
-            )
+        # any tensor of the process, a library's too: an odd one must not fail the save
         try:
+            device = ops.device_of(tensor)
+            if not device.startswith("cuda"):
+                continue
+            if not saved_as_storage(tensor):
+                return [], (
+                    f"a tensor on {device} ({tensor.layout}, {tensor.dtype}) is saved by "
+                    "torch's own reduce, which reads it on the device"
+                )
             storage = tensor.untyped_storage()
             address = storage.data_ptr()
-        except (RuntimeError, NotImplementedError):
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):
             continue  # no memory of its own (a wrapper or fake tensor): nothing to copy
         if address:  # 0: empty, or on the meta device
             found.setdefault(address, (device, storage))
