@@ -15,7 +15,8 @@
 # development setup installs that version's CPU build; here torch must be a CUDA build. So
 # torch is installed first, on its own, from PyPI (whose Linux wheels of that version are
 # the CUDA build; $GPU_CHECK_TORCH overrides the requirement, e.g. to add an index), and
-# checked to see a GPU. The project itself is not pip-installed: an editable install of
+# checked to see a GPU; where the machine's python3 already has a CUDA torch that sees the
+# GPU, the venv uses the system's packages instead and downloads no torch. The project itself is not pip-installed: an editable install of
 # this tree builds the JupyterLab extension with npm, which a bare GPU machine may lack,
 # and the benchmarks need none of it. Instead its runtime dependencies (read from
 # pyproject.toml; torch is not among them, so nothing can replace the CUDA build) are
@@ -29,21 +30,28 @@ MODE=gpu
 if [[ "${1:-}" == "--cpu" ]]; then MODE=cpu; fi
 OUT="${GPU_CHECK_OUT:-$ROOT/benchmarks/results/gpu-check}"
 
+SEES_GPU='import sys, torch
+sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else
+         f"torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no GPU")'
+
 install_venv() {
     local venv="${GPU_CHECK_VENV:-$ROOT/benchmarks/results/gpu-venv}"
     PY="$venv/bin/python"
-    if [[ ! -x "$PY" ]] && ! python3 -m venv "$venv"; then
+    # A machine image that ships a CUDA build of torch (and maybe the rest) lends it to
+    # the venv: nothing large to download, and what it has pip does not fetch again.
+    local shared=()
+    if python3 -c "$SEES_GPU" 2>/dev/null; then shared=(--system-site-packages); fi
+    if [[ ! -x "$PY" ]] && ! python3 -m venv ${shared[@]+"${shared[@]}"} "$venv"; then
         echo "python3 -m venv failed (Debian/Ubuntu: apt-get install python3-venv)" >&2
         exit 1
     fi
-    local torch_pin
-    torch_pin="$(grep -o '"torch==[^"]*"' "$ROOT/pyproject.toml" | tr -d '"')"
-    "$PY" -m pip install -q --upgrade pip || exit 1
-    # shellcheck disable=SC2086  # the override may hold several words (an --index-url)
-    "$PY" -m pip install -q ${GPU_CHECK_TORCH:-$torch_pin} || exit 1
-    "$PY" -c 'import sys, torch
-sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else
-         f"torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no GPU")' || exit 1
+    if ! "$PY" -c "$SEES_GPU" 2>/dev/null; then
+        local torch_pin
+        torch_pin="$(grep -o '"torch==[^"]*"' "$ROOT/pyproject.toml" | tr -d '"')"
+        # shellcheck disable=SC2086  # the override may hold several words (an --index-url)
+        "$PY" -m pip install -q ${GPU_CHECK_TORCH:-$torch_pin} || exit 1
+        "$PY" -c "$SEES_GPU" || exit 1
+    fi
     local deps
     deps="$("$PY" - "$ROOT/pyproject.toml" <<'PYTHON'
 import re, sys
