@@ -77,19 +77,25 @@ def cell_after(client: Any, first: str | None) -> float:
     return time.perf_counter() - started
 
 
-def autosave_round(client: Any) -> tuple[float, dict[str, Any]]:
-    """CELL right behind an autosave call; (latency, the autosave's final result)."""
+def behind_call(client: Any, call: str) -> tuple[float, dict[str, Any]]:
+    """CELL right behind a silent call of ``jupyter_ckpt.kernel.<call>``, as the server
+    sends it; (the cell's latency, the call's result)."""
     started = time.perf_counter()
-    start_id = send_call(client, "autosave()")
+    start_id = send_call(client, call)
     cell_id = execute(client, CELL)
-    begun = result_of(client, start_id)
+    result = result_of(client, start_id)
     reply_of(client, cell_id)
-    latency = time.perf_counter() - started
+    return time.perf_counter() - started, result
+
+
+def autosave_round(client: Any) -> tuple[float, dict[str, Any]]:
+    """CELL right behind an autosave call; (latency, the autosave's start and final result)."""
+    latency, begun = behind_call(client, "autosave()")
     assert begun["state"] == "started", begun
     while (done := result_of(client, send_call(client, "autosave_result()")))["state"] == "running":
         time.sleep(0.05)
     assert not done.get("error"), done
-    return latency, {**done, "fork_seconds": begun["fork_seconds"]}
+    return latency, {**begun, **done}
 
 
 def main() -> None:

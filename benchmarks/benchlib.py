@@ -7,6 +7,7 @@ same table layout), and a number in one table can be compared with one in anothe
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import statistics
@@ -207,3 +208,45 @@ def verdict(value: float, target: float | None) -> str:
     if target is None:
         return "info"
     return f"{'PASS' if value >= target else 'MISS'} ({value / target:.2f}x of target)"
+
+
+# Where each script appends its figures for the GPU check's summary (gpu_check.sh);
+# unset, figures are only printed by the scripts' own tables.
+FIGURES_ENV = "CKPT_BENCH_FIGURES"
+
+
+def report_figure(
+    script: str,
+    figure: str,
+    value: float,
+    baseline: str,
+    baseline_value: float,
+    goal: tuple[str, float] | None = None,
+    unit: str = "s",
+) -> None:
+    """Record one figure against its baseline, measured in the same run: ``goal`` is
+    ``("<=", x)`` or ``(">=", x)`` on value / baseline_value, or None where DESIGN.md
+    section 8 sets no number (the figure is then for information)."""
+    _append(
+        {
+            "script": script,
+            "figure": figure,
+            "value": value,
+            "unit": unit,
+            "baseline": baseline,
+            "baseline_value": baseline_value,
+            "goal": goal,
+        }
+    )
+
+
+def report_check(script: str, check: str, ok: bool) -> None:
+    """Record one pass/fail check (a round trip exact, the GPU freed, ...)."""
+    _append({"script": script, "figure": check, "ok": ok})
+
+
+def _append(record: dict[str, Any]) -> None:
+    path = os.environ.get(FIGURES_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import report_check
 from jupyter_ckpt_server.kernelmanager import CkptKernelManager
 from jupyter_ckpt_server.manager import CkptManager
 from jupyter_ckpt_server.monitor import IdleMonitor
@@ -32,6 +33,7 @@ from jupyter_ckpt_server.policy import SuspendPolicy
 from jupyter_ckpt.gpu import GpuProbe
 from jupyter_ckpt.store import ImageStore
 
+CHECK = "a kernel busy on the GPU from a thread is kept, then suspended once idle"
 LOOP = """
 import threading, time, torch
 a = torch.rand(4096, 4096, device="cuda")
@@ -46,6 +48,7 @@ threading.Thread(target=_cuda_loop).start()
 
 
 def fail(message: str) -> None:
+    report_check("gpu_idle_work", CHECK, False)
     print(f"FAILED: {message}")
     sys.exit(1)
 
@@ -101,6 +104,7 @@ async def run(seconds: float, idle_timeout: float, tmp: Path) -> None:
             await monitor.tick()
             await asyncio.sleep(0.5)
         print(f"suspended {time.monotonic() - started:.1f} s after the {seconds} s loop started")
+        report_check("gpu_idle_work", CHECK, True)
         print("OK")
     finally:
         await km.shutdown_all(now=True)
@@ -110,7 +114,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=12)
     parser.add_argument("--idle-timeout", type=float, default=2)
+    parser.add_argument("--cpu", action="store_true", help="say that there is no CPU path")
     args = parser.parse_args()
+    if args.cpu:  # the check is NVML's view of a busy GPU: no stand-in would test it
+        print("gpu_idle_work has no CPU path: it needs NVML and a GPU kept busy")
+        sys.exit(2)
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(run(args.seconds, args.idle_timeout, Path(tmp)))
 

@@ -22,10 +22,16 @@ import sys
 import tempfile
 import time
 
-from benchlib import human_size, make_store, parse_size, table
+from benchlib import human_size, make_store, parse_size, report_figure, table
 from gpu_roundtrip import NO_GPU, build_namespace, cuda_device_count, state_bytes
 
 from jupyter_ckpt.image import capture
+from jupyter_ckpt.store import CHUNK_SIZE, ImageStore
+
+MiB = 1 << 20
+# What a save holds besides its buffer (as tests/test_save_memory.py reckons it): a chunk
+# per I/O thread, twice, and the interpreter's own churn.
+SLACK = 2 * ImageStore.io_threads.default_value * CHUNK_SIZE + 24 * MiB
 
 
 def _status(key: str) -> int:
@@ -73,6 +79,15 @@ def main(argv: list[str] | None = None) -> int:
                 extra, seconds = peak_over(save)
             finally:
                 store._pool.shutdown()
+            report_figure(
+                "gpu_save_memory",
+                f"peak host RSS over the start, saving {human_size(nbytes)} of GPU state",
+                extra / MiB,
+                f"buffer {human_size(buffer)} + slack {human_size(SLACK)} (section 8: bounded)",
+                (buffer + SLACK) / MiB,
+                ("<=", 1.0),
+                unit="MiB",
+            )
             rows.append(
                 [
                     human_size(nbytes),

@@ -11,7 +11,7 @@ kernel that holds SIZE of tensors on the GPU, then through the server's API:
   measured in the same kernel, in the same run.
 
     python benchmarks/gpu_suspend.py --size 8G
-    python benchmarks/gpu_suspend.py --size 256M --device cpu   # the same path, no GPU
+    python benchmarks/gpu_suspend.py --size 256M --cpu   # the same path, no GPU
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchlib import GB, human_size, parse_size
+from benchlib import GB, human_size, parse_size, report_check, report_figure
+from gpu_roundtrip import NO_GPU, cuda_device_count
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -183,6 +184,18 @@ async def run(size: int, device: str, tmp: Path) -> None:
     for name, rate in facts["bandwidth"].items():
         print(f"{name} copy bandwidth        {rate / GB:.2f} GB/s")
     print(f"checksum after restore    {'same' if ok else 'DIFFERENT'}")
+    report_check("gpu_suspend", "tensors back on their device with the same checksum", ok)
+    bandwidth = facts["bandwidth"]
+    if bandwidth:  # on a GPU: against the bus, measured in the same kernel
+        size = human_size(nbytes)
+        for figure, seconds, copy in (
+            (f"suspend of {size} until its GPU memory is free", freed_s, "d2h"),
+            (f"restore of {size} and the first cell", restore_s, "h2d"),
+        ):
+            name = "device->host" if copy == "d2h" else "host->device"
+            report_figure(
+                "gpu_suspend", figure, seconds, f"pinned {name} copy", nbytes / bandwidth[copy]
+            )
     if not ok:
         raise SystemExit(1)
 
@@ -191,9 +204,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=parse_size, default=parse_size("4G"))
     parser.add_argument("--device", default="cuda:0", help="cuda:N, or cpu for a dry run")
+    parser.add_argument("--cpu", action="store_true", help="the same as --device cpu")
     args = parser.parse_args()
+    device = "cpu" if args.cpu else args.device
+    if device != "cpu":
+        import torch
+
+        if cuda_device_count(torch, "gpu_suspend", cpu=False) is None:
+            sys.exit(NO_GPU)
     with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(run(args.size, args.device, Path(tmp)))
+        asyncio.run(run(args.size, device, Path(tmp)))
 
 
 if __name__ == "__main__":

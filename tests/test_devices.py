@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 from fake_devices import FakeDeviceOps
-from harness import Kernel
+from harness import Kernel, wait_for
 
 from jupyter_ckpt.errors import DeviceUnavailable
 from jupyter_ckpt.image.devices import DeviceMapper
@@ -58,11 +58,13 @@ def kernel(start_kernel, saved) -> Kernel:
     return start_kernel()
 
 
-def restore_on(kernel: Kernel, gpus: int, options: str = "") -> tuple[str, list[list[Any]]]:
+def restore_on(
+    kernel: Kernel, gpus: int, options: str = "", ref: str = "gpu"
+) -> tuple[str, list[list[Any]]]:
     """Restore the image on a node with ``gpus`` GPUs; return the output and the copies."""
     kernel.run(f"__import__('fake_devices').install(gpus={gpus})")
     kernel.run(f"for _n in {[*GPU_VARS, 'cpu_t']}: globals().pop(_n, None)")
-    out = kernel.ckpt(f"restore gpu {options}")
+    out = kernel.ckpt(f"restore {ref} {options}")
     return out, kernel.eval(f"{FAKE}.sent")
 
 
@@ -106,6 +108,45 @@ def test_map_location_cpu(kernel: Kernel) -> None:
     assert sent == []
     assert "Not restored" not in out and "Warning" not in out
     kernel.check(*CHECKS, "gpu_w.device.type == 'cpu'")
+
+
+# -- an autosave: device state copied in the kernel, written by the forked child ------------
+
+KERNEL = "__import__('jupyter_ckpt.kernel').kernel"
+DEVICE_BYTES = N * 4 + 50 * 8  # gpu_w (gpu_v is a view of it) and gpu0
+
+
+def autosave(kernel: Kernel) -> dict[str, Any]:
+    """An autosave as the server starts it; with its child's result once there is one."""
+    begun = kernel.eval(f"{KERNEL}.autosave()")
+    if begun["state"] != "started":
+        return begun
+    result: dict[str, Any] = {}
+    wait_for(
+        lambda: (
+            result.update(kernel.eval(f"{KERNEL}.autosave_result()")) or result["state"] == "done"
+        ),
+        120,
+        "the autosave's child",
+    )
+    return {**begun, **result}
+
+
+def test_autosave_copies_device_state_in_the_kernel_for_the_child_to_write(
+    kernel: Kernel,
+) -> None:
+    kernel.run(SETUP)
+    done = autosave(kernel)
+    assert (done["state"], done["mode"], done.get("error")) == ("done", "fork", None), done
+    assert done["copy_bytes"] == DEVICE_BYTES and done["stall"] >= done["copy_seconds"] > 0
+    # copied before the fork, through the staging path; none read as a blocking save does
+    assert kernel.eval(f"[{FAKE}.copied_ahead, {FAKE}.to_host_calls]") == [DEVICE_BYTES, 0]
+    # the stand-in fails in a forked child, as CUDA does: nothing was lost to it
+    assert done["lost"] == {} and set(GPU_VARS) <= set(done["saved"]), done
+    out, sent = restore_on(kernel, gpus=2, ref=done["id"])
+    assert sorted(sent) == [["cuda:0", 50 * 8], ["cuda:1", N * 4]]
+    assert "Not restored" not in out
+    kernel.check(*CHECKS)
 
 
 # -- DeviceMapper, without kernels ---------------------------------------------------------

@@ -38,13 +38,45 @@ class DeviceOps:
         cuda = getattr(torch, "cuda", None)
         return cuda is not None and cuda.is_initialized()
 
-    def to_host(self, u8: Any) -> Any:
-        """A CPU copy of a uint8 device tensor, in pinned memory for a fast copy."""
+    def to_host(self, storage: Any, start: int, stop: int) -> Any:
+        """A host copy (numpy, uint8) of bytes ``[start, stop)`` of a device storage, in
+        pinned memory for a fast copy."""
         import torch
 
-        host = torch.empty(u8.numel(), dtype=torch.uint8, pin_memory=True)
-        host.copy_(u8, non_blocking=False)
-        return host
+        host = torch.empty(stop - start, dtype=torch.uint8, pin_memory=True)
+        host.copy_(_bytes_of(storage)[start:stop], non_blocking=False)
+        return host.numpy()
+
+    # -- copies made ahead of a fork (:mod:`.hostcopy`): staged, asynchronous ------------
+
+    def synchronize(self, devices: list[str]) -> None:
+        """Wait for the work queued on ``devices``, so that a copy sees its results."""
+        import torch
+
+        for device in devices:
+            torch.cuda.synchronize(device)
+
+    def staging(self, nbytes: int) -> Any:
+        """A host buffer (numpy, uint8) that device copies land in at the bus's speed:
+        pinned memory, which torch's host allocator keeps for the next save."""
+        import torch
+
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+    def start_copy(self, storage: Any, start: int, host: Any) -> Any:
+        """Start copying ``len(host)`` bytes of a device storage from ``start`` into the
+        staging buffer ``host``; returns what :meth:`wait` waits for."""
+        import torch
+
+        source = _bytes_of(storage)[start : start + len(host)]
+        torch.from_numpy(host).copy_(source, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(source.device))
+        return done
+
+    def wait(self, started: Any) -> None:
+        """Wait until a copy from :meth:`start_copy` has landed (without the GIL)."""
+        started.synchronize()
 
     def to_device(self, u8: Any, device: str) -> Any:
         return u8.to(device)
@@ -79,6 +111,13 @@ class DeviceMapper:
                 "restore with --map-location cpu to load it on the CPU"
             )
         return self._map[saved]
+
+
+def _bytes_of(storage: Any) -> Any:
+    """A storage as a flat uint8 tensor on its own device."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 # The mapper in force while an image is being unpickled (rebuild functions read it).

@@ -114,13 +114,8 @@ class DeviceBuffer:
     def host_parts(self, size: int) -> Iterator[Any]:
         """Host copies of consecutive pieces of at most ``size`` bytes; each piece is only
         referenced here until the next one is asked for."""
-        import torch
-
-        u8 = torch.empty(0, dtype=torch.uint8, device=self.storage.device).set_(self.storage)
         for start in range(0, self.nbytes, size):
-            part = devices.device_ops.to_host(u8[start : start + size])
-            yield part.numpy()
-            del part
+            yield devices.device_ops.to_host(self.storage, start, min(start + size, self.nbytes))
 
 
 class _DeviceSlot(bytearray):
@@ -160,10 +155,12 @@ class _StorageRef:
     def _host_copy(self) -> Any:
         import torch
 
-        u8 = torch.empty(0, dtype=torch.uint8, device=self.storage.device).set_(self.storage)
+        nbytes = self.storage.nbytes()
+        if not nbytes:
+            return b""
         if self.device != "cpu":
-            u8 = devices.device_ops.to_host(u8)  # small: in the pickle stream
-        return u8.numpy() if u8.numel() else b""
+            return devices.device_ops.to_host(self.storage, 0, nbytes)  # small: in the stream
+        return torch.empty(0, dtype=torch.uint8, device="cpu").set_(self.storage).numpy()
 
 
 def _rebuild_storage(buffer: Any, device: str) -> Any:
@@ -367,12 +364,8 @@ class CkptPickler(cloudpickle.Pickler):
         return _rebuild_subclass_view, (view, type(arr), dict(vars(arr)))
 
     def _reduce_tensor(self, tensor: Any) -> Any:
-        import torch
-
-        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
+        if not saved_as_storage(tensor):
             return NotImplemented
-        if tensor.is_conj() or tensor.is_neg():
-            return NotImplemented  # lazy conj/neg views: torch's own reduce keeps the bits
         requires_grad = tensor.requires_grad
         tensor = tensor.detach()
         return _rebuild_tensor, (
@@ -412,6 +405,17 @@ class CkptPickler(cloudpickle.Pickler):
                 return _on_storage(ref, arr, 0)
             self._arrays[address] = arr
         return NotImplemented
+
+
+def saved_as_storage(tensor: Any) -> bool:
+    """Whether a tensor is saved as its storage and a view of it. The others (sparse,
+    quantized, nested; lazy conj/neg views, whose bits only torch's own reduce keeps) take
+    torch's reduce, which reads device data through the device."""
+    import torch
+
+    return tensor.layout == torch.strided and not (
+        tensor.is_quantized or tensor.is_nested or tensor.is_conj() or tensor.is_neg()
+    )
 
 
 def _is_tensor(obj: Any) -> bool:

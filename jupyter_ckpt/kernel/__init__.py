@@ -48,7 +48,8 @@ class KernelSession:
         self.last_image: str | None = None
         # name -> id() of each value the last save could not write (no reference kept)
         self.unsaveable: dict[str, int] = {}
-        self.last_bytes = 0  # logical size of the last image: what a forked save may copy
+        # the last image's bytes held in host memory: what a forked save may copy
+        self.last_bytes = 0
         self._store: ImageStore | None = None
 
     @property
@@ -95,7 +96,7 @@ class KernelSession:
             return {"error": _describe(exc)}
         self.last_image = manifest["id"]
         self.unsaveable = unsaveable_ids(manifest, self.shell.user_ns)
-        self.last_bytes = manifest["sizes"]["logical"]
+        self.last_bytes = host_bytes(manifest)
         summary = summarize_save(manifest, time.perf_counter() - started)
         parsed = self.shell.history_manager.input_hist_parsed
         return {**summary, "cells": defining_cells(parsed, summary["lost"])}
@@ -130,7 +131,7 @@ class KernelSession:
         report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
-        self.last_bytes = manifest["sizes"]["logical"]
+        self.last_bytes = host_bytes(manifest)
         return {
             "id": manifest["id"],
             "name": manifest["name"],
@@ -166,6 +167,13 @@ def newest_manifest(store: ImageStore, image_id: str | None) -> dict[str, Any] |
         return None
 
 
+def host_bytes(manifest: dict[str, Any]) -> int:
+    """The image's bytes that lived in host memory: its logical size less its GPU state
+    (which counts the storages of variables that failed too, hence the floor)."""
+    on_devices = manifest.get("gpu", {}).get("device_bytes", {})
+    return max(0, manifest["sizes"]["logical"] - sum(on_devices.values()))
+
+
 def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
     """``unchanged``: the save found the state of ``manifest``, an earlier image, and
     wrote nothing; the cells up to its execution count are in that image's state."""
@@ -178,6 +186,7 @@ def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
         "lost": {v["name"]: v["reason"] for v in variables if v["status"] == "lost"},
         "excluded": [v["name"] for v in variables if v["status"] == "excluded"],
         "bytes": manifest["sizes"]["logical"],
+        "host_bytes": host_bytes(manifest),
         "written": 0 if unchanged else manifest["sizes"]["written"],
         "seconds": seconds,
         "verify_seconds": manifest.get("verify_seconds"),

@@ -16,14 +16,19 @@ What a fork does not carry, and how the child lives with it:
   server then reports that the autosave failed and why.
 - A user thread that ran at the fork is captured as it was at that instant (between
   two bytecodes: the fork happens with the GIL held); the threads alive are reported.
-- A GPU context. CUDA cannot be used in a forked child, so a kernel with a CUDA
-  context (torch's, or any framework's: the process then holds a ``/dev/nvidia<N>``
-  open) is saved in the kernel instead (a blocking save), and the stall is measured
-  and reported.
+- A GPU context. CUDA cannot be used in a forked child. So torch's device state is
+  copied to host memory first, while the kernel is held (a stall of about its size over
+  the device-to-host bandwidth: :mod:`jupyter_ckpt.image.hostcopy`), and the child
+  writes those copies; it sees no device but them. The kernel saves in the kernel
+  instead (a blocking save, whose stall and reason are reported) when another
+  framework's context is open (the process holds a ``/dev/nvidia<N>`` without torch's
+  CUDA) or imported, when a device tensor is one only torch's own reduce can read, or
+  when host memory does not allow the copies (see :func:`memory_blocker`).
 - Memory. Every page the parent writes during the save is copied, up to the whole
   state, and the copies count against the pod's or container's memory limit (its
-  cgroup), not only the node's: an autosave is skipped, with the reason and the limit
-  that applied, when the free memory is below the state's size.
+  cgroup), not only the node's: an autosave is skipped (a GPU kernel's is saved in the
+  kernel), with the reason and the limit that applied, when the free memory is below
+  the state's size (plus the host copies of the GPU state).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import psutil
 
 from .. import image
 from ..gpu import nvidia_device_open
-from ..image import devices
+from ..image import devices, hostcopy
 from ..store import ImageStore
 from .activity import user_threads
 from .state import kernel_facts, user_variables
@@ -158,7 +163,7 @@ def free_memory(root: str = "/") -> tuple[int, str]:
 
 
 def state_bytes(session: Any) -> int:
-    """What the child may come to hold in copied pages: the last image's logical size
+    """What the child may come to hold in copied pages: the host part of the last image
     when the session wrote or restored one, else the kernel's resident memory."""
     if session.last_bytes:
         return int(session.last_bytes)
@@ -167,40 +172,43 @@ def state_bytes(session: Any) -> int:
 
 def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> dict[str, Any]:
     """Start an autosave and return at once: ``{"state": "started", "result": path,
-    "pid": ...}`` for a forked child, ``{"state": "done", ...}`` for a blocking save
-    (with the stall), or ``{"state": "skipped", "reason": ...}``."""
+    "pid": ..., "stall": ...}`` for a forked child, ``{"state": "done", ...}`` for a
+    blocking save (with the stall), or ``{"state": "skipped", "reason": ...}``."""
     global _job
     collect(session)
     if _job is not None:
         return {"state": "skipped", "reason": "an autosave is already running"}
+    started = time.perf_counter()
     blocker = fork_blocker()
+    storages: list[tuple[str, Any]] = []
+    if blocker is not None and hasattr(os, "fork") and devices.device_ops.cuda_initialized():
+        storages, blocker = hostcopy.device_storages(devices.device_ops)
+    found = time.perf_counter()
+    if blocker is None:
+        blocker = memory_blocker(session, sum(s.nbytes() for _, s in storages))
+        if blocker is not None and not storages:
+            return {"state": "skipped", "reason": blocker}
     if blocker is not None:
-        started = time.perf_counter()
         summary = session.save(verify=True, trigger="autosave")  # named by default
         stall = time.perf_counter() - started
         return {"state": "done", "mode": "blocking", "reason": blocker, "stall": stall, **summary}
-    need = state_bytes(session)
-    free, limit = free_memory()
-    if free < need:
-        return {
-            "state": "skipped",
-            "reason": f"free memory ({free >> 20} MiB, {limit}) is below the state's "
-            f"size ({need >> 20} MiB), which a forked save may have to copy",
-        }
+    copies = hostcopy.copy_to_host(storages, devices.device_ops, session.store.buffer_bytes)
+    copied = time.perf_counter()
     directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)
     with open(os.path.join(directory, OWNER_FILE), "w") as f:
         f.write(str(os.getpid()))
     threads = user_threads()  # user threads: saved as they were at the fork
-    started = time.perf_counter()
+    forking = time.perf_counter()
     gc.freeze()  # the child's collector must not write every object's page
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded fork"
             pid = os.fork()
         if pid == 0:
-            _child(session, name, directory, timeout)  # never returns
+            _child(session, name, directory, timeout, copies)  # never returns
     finally:
         gc.unfreeze()
+    del copies  # the child's now: the kernel's pages of them go back
     _job = Job(pid=pid, directory=directory, started=time.time(), threads=threads)
     return {
         "state": "started",
@@ -208,15 +216,40 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
         "pid": pid,
         "result": _job.result_path,
         "log": _job.log_path,
-        "fork_seconds": time.perf_counter() - started,
+        "fork_seconds": time.perf_counter() - forking,
+        "stall": time.perf_counter() - started,
+        "copy_bytes": sum(s.nbytes() for _, s in storages),
+        "find_seconds": found - started,  # of the device storages, before the copy
+        "copy_seconds": copied - found,
         "threads_at_fork": threads,
     }
 
 
-def _child(session: Any, name: str, directory: str, timeout: float) -> None:
-    """Write the image and leave. Runs in the forked child only."""
+def memory_blocker(session: Any, copy_bytes: int) -> str | None:
+    """Why host memory does not allow a forked save, or None. The rule: the free memory
+    (see :func:`free_memory`) must hold the host copies of the device state plus the
+    state's size, which copy-on-write may come to duplicate while the child writes."""
+    state = state_bytes(session)
+    free, limit = free_memory()
+    if free >= state + copy_bytes:
+        return None
+    copies = f"the host copies of the GPU state ({_mib(copy_bytes)}) plus " if copy_bytes else ""
+    return (
+        f"free memory ({_mib(free)}, {limit}) is below {copies}the state's size "
+        f"({_mib(state)}), which a forked save may have to copy"
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+def _child(session: Any, name: str, directory: str, timeout: float, copies: dict[int, Any]) -> None:
+    """Write the image and leave. Runs in the forked child only; its device is the host
+    ``copies`` made before the fork."""
     status = 1
     try:
+        devices.device_ops = hostcopy.CopiedDeviceOps(copies, devices.device_ops)
         _name_process(AUTOSAVE_PROCESS_NAME)
         gc.disable()
         os.nice(CHILD_NICENESS)
@@ -288,7 +321,7 @@ def collect(session: Any) -> dict[str, Any]:
         shutil.rmtree(job.directory, ignore_errors=True)
     if not result.get("error"):
         session.last_image = result["id"]
-        session.last_bytes = result["bytes"]
+        session.last_bytes = result["host_bytes"]
         # ids from the child's copy of the state, the parent's at the fork
         session.unsaveable = {k: int(v) for k, v in result.get("unsaveable_ids", {}).items()}
     return {"state": "done", "mode": "fork", **result}

@@ -130,6 +130,9 @@ class BackgroundSaver:
             )
         if summary["mode"] == "blocking":
             extra["msg"] = f"saved in the kernel: {summary['reason']}"
+        elif summary.get("copy_bytes"):
+            # GPU state copied to host memory while the kernel was held: the stall
+            extra.update(copy_bytes=summary["copy_bytes"], copy_seconds=summary["copy_seconds"])
         self.events.event(
             "checkpoint", kernel_id, "autosave", started, summary,
             written=summary["written"], mode=summary["mode"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -338,21 +339,64 @@ async def test_kernels_of_excluded_specs_are_never_autosaved(jp_fetch, manager, 
     await manager.lifecycles[kernel_id].autosave
 
 
-async def test_a_kernel_with_cuda_initialized_saves_in_the_kernel_and_reports_the_stall(
+FAKE_GPU = (
+    f"import sys\nsys.path.insert(0, {str(TESTS_DIR)!r})\n"
+    "import fake_devices, torch\n"
+    "ops = fake_devices.install(gpus=1)\n"
+    "weights = torch.ones(1 << 20)\n"  # 4 MiB on the stand-in's cuda:0
+    "ops.pretend(weights, 'cuda:0')\n"
+)
+# an object whose pickling (in the autosave's child) waits until the file exists
+GATE = """
+import os, time
+class Gate:
+    def __reduce__(self):
+        while not os.path.exists({path!r}):
+            time.sleep(0.01)
+        return (int, (1,))
+gate = Gate()
+"""
+
+
+async def test_a_gpu_kernel_runs_a_cell_while_its_child_writes_the_copied_device_state(
+    jp_fetch, manager, autosaver, connect, events, tmp_path
+):
+    gate = tmp_path / "open"
+    code = FAKE_GPU + GATE.format(path=str(gate))
+    kernel_id, client = await _kernel_that_ran(jp_fetch, connect, autosaver, code)
+    task = autosaver.start(kernel_id)
+    await poll(lambda: manager.saver.job(kernel_id).child, what="the child to be forked")
+    # the kernel was held for the device copy and the fork only: the cell runs while the
+    # child is still held at the gate, before it has written anything
+    reply, outputs = await client.execute("1 + 1")
+    assert (reply["status"], text_of(outputs)) == ("ok", "2")
+    assert not task.done() and not [e for e in events if e.get("trigger") == "autosave"]
+    gate.touch()
+    await task
+    event = await next_event(events, "checkpoint", trigger="autosave")
+    assert (event["status"], event["mode"], event["copy_bytes"]) == ("success", "fork", 4 << 20)
+    assert event["stall_seconds"] >= event["copy_seconds"] > 0
+    manifest = manager.store.verify(event["image_id"])
+    assert manifest["devices"] == ["cuda:0"] and manifest["gpu"]["device_bytes"] == {
+        "cuda:0": 4 << 20
+    }
+
+
+async def test_a_gpu_kernel_short_of_host_memory_is_saved_in_the_kernel_and_says_why(
     jp_fetch, manager, autosaver, connect, events
 ):
-    _, kernel_id = await start_session(jp_fetch)
-    client = await connect(kernel_id)
-    await client.execute(
-        f"import sys\nsys.path.insert(0, {str(TESTS_DIR)!r})\n"
-        "import fake_devices, torch\n"
-        "ops = fake_devices.install(gpus=1)\n"
-        "weights = torch.ones(1000)\n"
-        "ops.pretend(weights, 'cuda:0')"
-    )
+    # the host state's size as the kernel knows it: far beyond any machine's memory
+    code = FAKE_GPU + "import jupyter_ckpt.kernel as k\nk.session().last_bytes = 1 << 50"
+    kernel_id, _ = await _kernel_that_ran(jp_fetch, connect, autosaver, code)
     event = await _autosaved(autosaver, kernel_id, events)
     assert event["mode"] == "blocking" and event["stall_seconds"] > 0, event
-    assert "a forked child cannot use it" in event["msg"]
+    assert re.fullmatch(
+        r"saved in the kernel: free memory \([\d,.]+ MiB, the .+\) is below the host copies "
+        r"of the GPU state \(4\.0 MiB\) plus the state's size \(1,073,741,824\.0 MiB\), "
+        r"which a forked save may have to copy",
+        event["msg"],
+    ), event["msg"]
+    assert "copy_bytes" not in event
     assert manager.records.get(kernel_id)["state"] == "running"
 
 
