@@ -6,8 +6,12 @@ pandas) is imported here.
 """
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._version import __version__
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 __all__ = ["__version__"]
 
@@ -20,7 +24,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": str(build / "labextension"), "dest": "jupyter-ckpt"}]
 
 
-def load_ipython_extension(ipython) -> None:
+def load_ipython_extension(ipython: "InteractiveShell") -> None:
     """`%load_ext jupyter_ckpt` registers the `%ckpt` magics."""
     from .kernel.magics import CkptMagics
 

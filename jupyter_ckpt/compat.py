@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -34,7 +34,7 @@ GPU_KEYS = ("available", "reason", "driver", "cuda", "gpus")
 MIN_DRIVER = {11: 450, 12: 525, 13: 580}
 _GIB = 1 << 30
 
-_dists: dict[str, list[str]] | None = None
+_dists: Mapping[str, list[str]] | None = None
 
 
 def node_facts(path: str | None = None, probe: Any = None) -> dict[str, Any]:
@@ -159,7 +159,7 @@ class GpuNeeds:
         return GpuNeeds(
             devices,
             max((c for c in (self.compute, other.compute) if c), default=None),
-            max(cudas, key=_capability, default=None),
+            max(cudas, key=lambda c: _capability(c) or (0, 0), default=None),
             sorted(set(self.products) | set(other.products)),
             [*self.images, *other.images],
         )

@@ -87,7 +87,7 @@ class GpuProbe:
     """NVML questions, answered without raising. ``nvml`` defaults to ``pynvml``."""
 
     def __init__(self, nvml: Any | None = None, proc_root: str = "/proc") -> None:
-        self._nvml = nvml
+        self._nvml: Any = nvml
         self.proc_root = proc_root
         self._ready: bool | None = None
         self.unavailable_reason: str | None = None

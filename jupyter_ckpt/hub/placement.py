@@ -80,7 +80,7 @@ def required_expressions(
     it is not known, the node must have a GPU for every saved index."""
     if needs is None:
         return []
-    expressions = [{"key": PRODUCT, "operator": "Exists"}]
+    expressions: list[dict[str, Any]] = [{"key": PRODUCT, "operator": "Exists"}]
     per_gpu = needs.per_gpu if gpus is None else needs.per_gpu_on(gpus)
     if per_gpu:
         mib = math.ceil(per_gpu / _MIB)

@@ -247,7 +247,7 @@ def capture(
     modules: set[str] = {i["module"].partition(".")[0] for i in imports}
     modules |= stream.pickler.modules
 
-    manifest = {
+    manifest: dict[str, Any] = {
         "name": name,
         "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
         "parent": parent,

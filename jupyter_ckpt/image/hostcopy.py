@@ -105,8 +105,8 @@ def copy_to_host(
         )
         for i, (storage, start, size) in enumerate(pieces):
             slot = i % DEPTH
-            if landing[slot] is not None:
-                landing[slot].result()
+            if (waiting := landing[slot]) is not None:
+                waiting.result()
             address = storage.data_ptr()
             if address not in copies:
                 copies[address] = np.empty(storage.nbytes(), dtype=np.uint8)
@@ -138,7 +138,7 @@ class CopiedDeviceOps(devices.DeviceOps):
             raise DeviceUnavailable("a device storage was not copied to the host before the fork")
         return copy[start:stop]
 
-    def _refuse(self, *args: Any) -> Any:
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise DeviceUnavailable("a forked child cannot use the GPU")
 
     cuda_device_count = to_device = synchronize = staging = start_copy = wait = _refuse

@@ -30,12 +30,15 @@ import pickle
 import sys
 import types
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from cloudpickle import cloudpickle as _cp
 
 from . import devices
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 PROTOCOL = 5
 # Buffers smaller than this stay inside the pickle stream: a chunk per tiny array would
@@ -224,7 +227,7 @@ class CkptPickler(cloudpickle.Pickler):
 
     def __init__(
         self,
-        file: io.BytesIO,
+        file: SupportsWrite[bytes],
         namespace: dict[str, Any],
         storages: dict[tuple[str, int], _StorageRef],
         trial: bool = False,

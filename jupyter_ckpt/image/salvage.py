@@ -29,7 +29,7 @@ import pickle
 import pickletools
 import sys
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,7 @@ def trace(data: memoryview, first: int) -> Trace:
         if item.value is not None:
             out.known[index] = item.value
 
+    arg: Any  # the memo opcodes' arguments are slot numbers
     for op, arg, _ in pickletools.genops(io.BytesIO(data)):
         name = op.name
         if name in ("PROTO", "FRAME"):
@@ -308,6 +309,10 @@ class _Mender(pickle._Unpickler):
     What a failed step left half-built (the object it was filling, or what it handed a
     state setter) is kept in ``broken``."""
 
+    # the pure-Python unpickler's own state, which typeshed does not describe
+    stack: list[Any]
+    append: Callable[[Any], None]
+
     def __init__(
         self, data: memoryview, buffers: Sequence[Any], memo: dict[int, Any], marker: Poison
     ) -> None:
@@ -318,14 +323,14 @@ class _Mender(pickle._Unpickler):
 
 
 def _guarded(code: int, step: Any) -> Any:
-    op = pickletools.code2op.get(chr(code))
+    op = pickletools.code2op.get(chr(code))  # type: ignore[attr-defined]
     name = op.name if op else ""
 
     def run(self: _Mender) -> None:
         args = self.stack[-1] if name == "REDUCE" and self.stack else None
         try:
             step(self)
-        except pickle._Stop:
+        except pickle._Stop:  # type: ignore[attr-defined]
             raise
         except Exception:
             if name in _FILLS:

@@ -39,7 +39,7 @@ import pickletools
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..store import CHUNK_SIZE
 from . import pickler as _pickler
@@ -154,7 +154,7 @@ class Stream:
         """Pickle ``value`` alone and throw the bytes away; raise as the stream's pickler
         would if it fails, before it has touched the stream. A value too big or too deep
         for a trial goes on to the stream's pickler, which copes."""
-        trial = _pickler.CkptPickler(_Capped(), self.namespace, {}, trial=True)  # type: ignore[arg-type]
+        trial = _pickler.CkptPickler(_Capped(), self.namespace, {}, trial=True)
         try:
             trial.dump(value)
         except (_TooBig, RecursionError):
@@ -170,7 +170,8 @@ class Stream:
         self.pickler.dump(obj)
         tail = self.out.since(mark)
         self.out.truncate(mark)
-        return next(arg for op, arg, _ in pickletools.genops(tail) if op.name in _GETS)
+        # a GET's argument is the slot number
+        return cast(int, next(arg for op, arg, _ in pickletools.genops(tail) if op.name in _GETS))
 
     def device_bytes(self) -> dict[str, int]:
         """Bytes of the stream's accelerator storages per device: what a restore must fit

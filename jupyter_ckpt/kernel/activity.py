@@ -57,7 +57,7 @@ POOL_MODULES = (
 
 
 def _in(module: str | None, packages: tuple[str, ...]) -> bool:
-    return bool(module) and any(module == p or module.startswith(p + ".") for p in packages)
+    return bool(module and any(module == p or module.startswith(p + ".") for p in packages))
 
 
 def _frame_module(frame: FrameType) -> str | None:

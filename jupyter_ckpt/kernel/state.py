@@ -158,7 +158,8 @@ def kernel_id() -> str | None:
 def defining_cells(cells: list[str], names: Iterable[str]) -> dict[str, int]:
     """For each of ``names``, the number of the last cell (``In [n]``: index ``n`` of the
     parsed input history) that binds it at the top level: what to re-run to make it again."""
-    wanted, found = set(names), {}
+    wanted = set(names)
+    found: dict[str, int] = {}
     for number in range(len(cells) - 1, 0, -1):
         if not wanted - found.keys():
             break

@@ -158,7 +158,7 @@ class PlainChunks:
     def name(self, data: Buffer) -> str:
         return chunk_hash(data)
 
-    def encode(self, digest: str, data: memoryview) -> Buffer:
+    def encode(self, digest: str, data: memoryview) -> memoryview:
         return data
 
     def buffer(self, size: int, out: memoryview) -> memoryview:
@@ -193,7 +193,7 @@ class EncryptedChunks:
     def name(self, data: Buffer) -> str:
         return self.cipher.chunk_name(data)
 
-    def encode(self, digest: str, data: memoryview) -> Buffer:
+    def encode(self, digest: str, data: memoryview) -> memoryview:
         """The stored chunk, in this thread's buffer: valid until its next chunk."""
         end = len(data) + OVERHEAD
         stored = self.buffer(self.stored_size(len(data)), data)

@@ -497,7 +497,7 @@ class ImageStore(LoggingConfigurable):
         # Shared chunks count once, so the stored bytes are at most the logical sum.
         if 0 < self.quota_bytes < sum(m["sizes"]["logical"] for _, m in kept):
             layouts = dict(self._pool.map(self._chunks_of, [i for i, _ in kept]))
-            kept = [(i, layouts[i]) for i, _ in kept if layouts[i] is not None]
+            kept = [(i, layout) for i, _ in kept if (layout := layouts[i]) is not None]
             while _stored_bytes(m for _, m in kept) > self.quota_bytes:
                 removable = [i for i, _ in kept if i not in pinned]
                 if not removable:

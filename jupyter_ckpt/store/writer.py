@@ -103,7 +103,7 @@ class ImageWriter:
         have, an existing image's manifest to return instead, committing nothing (a save
         identical to the image before it); asked only when every chunk was in the store
         already, since a new chunk means new bytes."""
-        segments = []
+        segments: list[dict[str, Any]] = []
         written = 0
         staged: list[tuple[str, str]] = []
         try:

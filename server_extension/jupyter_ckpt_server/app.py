@@ -52,6 +52,7 @@ class CkptExtensionApp(ExtensionApp):
         return "jupyter_ckpt_server_config"
 
     def initialize_settings(self) -> None:
+        assert self.serverapp is not None  # the server links its extensions first
         km = self.serverapp.kernel_manager
         if not isinstance(km, CkptKernelManager):
             raise TypeError(
@@ -72,6 +73,7 @@ class CkptExtensionApp(ExtensionApp):
             if warning:
                 self.log.warning(warning)
         event_logger = self.serverapp.event_logger
+        assert event_logger is not None  # the server starts its event logger first
         event_logger.register_event_schema(SCHEMA_PATH)
         self.manager = CkptManager(
             parent=self,

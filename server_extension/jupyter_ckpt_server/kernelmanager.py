@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
@@ -40,6 +40,9 @@ from tornado import web
 
 from .lifecycle import Lifecycles, State, restoring
 from .rpc import SuspendFailed
+
+if TYPE_CHECKING:
+    from jupyter_server.utils import ApiPath
 
 
 class CkptKernelManager(AsyncMappingKernelManager):
@@ -182,8 +185,8 @@ class CkptKernelManager(AsyncMappingKernelManager):
             self.lifecycles.watch(kernel_id, False)
         super().stop_watching_activity(kernel_id)
 
-    async def _async_start_kernel(  # type: ignore[override]
-        self, *, kernel_id: str | None = None, path: str | None = None, **kwargs: Any
+    async def _async_start_kernel(
+        self, *, kernel_id: str | None = None, path: ApiPath | None = None, **kwargs: Any
     ) -> str:
         """Start a kernel with the store in its environment; a suspended id is returned
         as an existing kernel (it restores when a client needs it). An id its user shut
@@ -233,7 +236,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
         """Shut the kernel's process down and keep any record: a suspend's last step."""
         await super()._async_shutdown_kernel(kernel_id, now=now, restart=restart)
 
-    async def _async_shutdown_all(self, now: bool = False) -> None:  # type: ignore[override]
+    async def _async_shutdown_all(self, now: bool = False) -> None:
         """The server stops: kernels that could not be suspended keep their records (a
         running kernel's last autosave stays recoverable), unlike a user's shutdown."""
         if self.lifecycles is not None:

@@ -1084,6 +1084,7 @@ class Lifecycles:
         else:
             kernel_id = await self.km.start_kernel(kernel_name=kernel_name)
         lc = self.kernels[kernel_id]
+        failed: SuspendFailed | None
         async with lc.lock:
             try:
                 async with self.progress.watch(kernel_id, "resume") as progress:

@@ -41,8 +41,9 @@ class ProgressWatch:
     async def watch(self, kernel_id: str, phase: str) -> AsyncIterator[str | None]:
         """Yield the file path to hand the kernel (None: no progress for this call) and
         emit events from it until the block ends, the last one when it does."""
-        directory = self._prepare() if self.emit is not None else None
-        if directory is None:
+        emit = self.emit
+        directory = self._prepare() if emit is not None else None
+        if emit is None or directory is None:
             yield None
             return
         path = os.path.join(directory, f"{kernel_id}-{phase}-{uuid.uuid4().hex[:8]}.json")
@@ -53,7 +54,7 @@ class ProgressWatch:
             now = read_progress(path)
             if now is not None and now != last:
                 last = now
-                self.emit(
+                emit(
                     {
                         "action": "progress",
                         "status": "running",

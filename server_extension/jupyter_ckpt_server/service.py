@@ -100,7 +100,7 @@ class CkptService:
         running = self.manager.lifecycles.running_from()
         if not running:
             return {}
-        sessions: dict[str, list[dict[str, Any]]] = {}
+        sessions: dict[str | None, list[dict[str, Any]]] = {}
         if self.session_manager is not None:
             for session in await self.session_manager.list_sessions():
                 kernel_id = (session.get("kernel") or {}).get("id")
@@ -117,7 +117,7 @@ class CkptService:
         in_use = await self._in_use()
         valid = [m for _, m, _ in entries if m is not None]
         verdicts = iter(compat.check_all(valid, self.node))
-        images = []
+        images: list[dict[str, Any]] = []
         for image_id, manifest, error in entries:
             if manifest is None:
                 images.append({"id": image_id, "state": "invalid", "error": error})
@@ -245,7 +245,7 @@ class CkptService:
         km = manager.kernel_manager
         if not (failed or self.monitor.unsaveable(kernel_id)) or not km.is_running(kernel_id):
             return
-        if km.get_kernel(kernel_id).execution_state == "busy":
+        if km.get_kernel(kernel_id).execution_state == "busy":  # type: ignore[attr-defined]
             return  # asked again when the cell is done
         timeout = manager.policy.activity_timeout
         try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import json
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from jupyter_client.jsonutil import json_default
 from jupyter_core.utils import ensure_async
@@ -82,7 +82,7 @@ def select_history(raw: list[str], request: dict[str, Any]) -> list[list[Any]]:
     """The ``(session, line, input)`` entries of a saved input history that a
     ``history_request`` asks for (tail, range or search), as IPython would answer them
     for its current session (session 0). ``raw[0]`` is IPython's empty line 0."""
-    entries = [[0, line, text] for line, text in enumerate(raw) if line > 0]
+    entries: list[list[Any]] = [[0, line, text] for line, text in enumerate(raw) if line > 0]
     kind = request.get("hist_access_type")
     if kind == "range":
         start, stop = request.get("start") or 1, request.get("stop")
@@ -102,7 +102,7 @@ def select_history(raw: list[str], request: dict[str, Any]) -> list[list[Any]]:
 class SuspendedConnection(BaseKernelWebsocketConnection):
     """Serves a websocket while its kernel is suspended; restores it when needed."""
 
-    kernel_id = Unicode()  # type: ignore[assignment]
+    kernel_id = Unicode()
     manager = AnyTrait()
 
     # kernel id -> connections waiting for its restore that have not yet connected to the
@@ -117,7 +117,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         self._queue: list[str | bytes] = []
         self._upgrade: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()  # history replies being read
-        self._probes: set[str] = set()  # ids of the PROBE_COMMS comms closed here
+        self._probes: set[str | None] = set()  # ids of the PROBE_COMMS comms closed here
         self._closed = False
 
     @property
@@ -173,7 +173,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         comm_id = content.get("comm_id")
         if header["msg_type"] == "comm_open" and content.get("target_name") in PROBE_COMMS:
             self._probes.add(comm_id)
-            close = {"comm_id": comm_id, "data": {}}
+            close: dict[str, Any] = {"comm_id": comm_id, "data": {}}
             self._send("iopub", self.session.msg("comm_close", close, parent=header))
         return comm_id in self._probes
 
@@ -248,7 +248,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
             self._connected_to_kernel()
 
     async def _hand_over(self, report: dict[str, Any]) -> None:
-        handler = self.websocket_handler
+        handler = cast(KernelWebsocketHandler, self.websocket_handler)
         kernel = self.manager.kernel_manager.get_kernel(self.kernel_id)
         connection = handler.kernel_websocket_connection_class(
             parent=kernel, websocket_handler=handler, config=handler.config
@@ -282,7 +282,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         open_sessions = ZMQChannelsWebsocketConnection._open_sessions
         live = open_sessions.get(session_key)
         if live is None:
-            handler = self.websocket_handler
+            handler = cast(KernelWebsocketHandler, self.websocket_handler)
             kernel = self.manager.kernel_manager.get_kernel(self.kernel_id)
             own = handler.kernel_websocket_connection_class(
                 parent=kernel, websocket_handler=handler, config=handler.config
@@ -366,6 +366,6 @@ class CkptKernelWebsocketHandler(KernelWebsocketHandler):
         if session_id:
             self.connection.session.session = session_id
 
-    def on_message(self, ws_message: str | bytes) -> None:  # type: ignore[override]
+    def on_message(self, ws_message: str | bytes) -> None:
         self.ckpt.note_client_message(self.kernel_id)
         super().on_message(ws_message)

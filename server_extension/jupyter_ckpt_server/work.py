@@ -277,7 +277,7 @@ async def idle_clock_kept(
     something meanwhile, the kernel's idle clock is put back where it was, so that the
     server's checks and autosaves never keep a kernel from being suspended."""
     km = manager.kernel_manager
-    kernel = km.get_kernel(kernel_id)
+    kernel: Any = km.get_kernel(kernel_id)  # jupyter_server adds last_activity at run time
     last, last_any = kernel.last_activity, km.last_kernel_activity
     messages = manager.client_messages[kernel_id]
     try:
