@@ -183,7 +183,13 @@ def _rebuild_storage(buffer: Any, device: str) -> Any:
 
 
 def _rebuild_tensor(
-    storage: Any, offset: int, size: tuple, stride: tuple, dtype: Any, requires_grad: bool
+    storage: Any,
+    offset: int,
+    size: tuple,
+    stride: tuple,
+    dtype: Any,
+    requires_grad: bool,
+    grad: Any = None,
 ) -> Any:
     import torch
 
@@ -191,6 +197,16 @@ def _rebuild_tensor(
     tensor.set_(storage, offset, size, stride)
     if requires_grad:
         tensor.requires_grad_(True)
+    if grad is not None:
+        tensor.grad = grad
+    return tensor
+
+
+def _with_grad(rebuild: Callable[..., Any], args: tuple, grad: Any) -> Any:
+    """A tensor subclass (a Parameter) rebuilt by its own reduce, with its gradient:
+    torch's reduce leaves ``.grad`` out, and a training loop reads it."""
+    tensor = rebuild(*args)
+    tensor.grad = grad
     return tensor
 
 
@@ -202,6 +218,7 @@ def _special(cls: type) -> bool:
         issubclass(cls, (type, types.FunctionType, io.IOBase))
         or (cls.__module__, cls.__name__) in (("numpy", "ndarray"), ("torch", "Tensor"))
         or _array_subclass(cls)
+        or _tensor_class(cls)  # a Parameter with a gradient or without
     )
 
 
@@ -280,6 +297,10 @@ class CkptPickler(cloudpickle.Pickler):
             return self._reduce_subclass_view(obj)
         if module == "torch" and cls.__name__ == "Tensor":
             return self._reduce_tensor(obj)
+        if _is_tensor(obj) and obj.is_leaf and obj.grad is not None:
+            reduced = obj.__reduce_ex__(PROTOCOL)
+            if isinstance(reduced, tuple) and len(reduced) == 2:
+                return _with_grad, (*reduced, obj.grad)
         if module == "__main__" or getattr(obj, "__module__", None) == "__main__":
             by_value = self._reduce_notebook_object(obj)
             if by_value is not None:
@@ -300,6 +321,10 @@ class CkptPickler(cloudpickle.Pickler):
         qualname = getattr(obj, "__qualname__", None)
         if not isinstance(qualname, str) or isinstance(obj, (type, types.FunctionType)):
             return None  # instances, and what cloudpickle saves by value itself
+        if type(obj) in self.dispatch_table:
+            # a staticmethod or classmethod of a notebook class names its function's
+            # module and qualname, and has a reducer of its own in the table
+            return None
         if isinstance(obj, functools._lru_cache_wrapper):
             params = obj.cache_parameters()
             return _lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
@@ -373,9 +398,9 @@ class CkptPickler(cloudpickle.Pickler):
             return NotImplemented
         if tensor.is_conj() or tensor.is_neg():
             return NotImplemented  # lazy conj/neg views: torch's own reduce keeps the bits
-        requires_grad = tensor.requires_grad
+        requires_grad, grad = tensor.requires_grad, tensor.grad if tensor.is_leaf else None
         tensor = tensor.detach()
-        return _rebuild_tensor, (
+        args = (
             self._storage_ref(tensor),
             tensor.storage_offset(),
             tuple(tensor.size()),
@@ -383,6 +408,7 @@ class CkptPickler(cloudpickle.Pickler):
             tensor.dtype,
             requires_grad,
         )
+        return _rebuild_tensor, args if grad is None else (*args, grad)
 
     def _storage_ref(self, tensor: Any) -> _StorageRef:
         """The one :class:`_StorageRef` of ``tensor``'s storage. A CPU storage over the
@@ -415,7 +441,10 @@ class CkptPickler(cloudpickle.Pickler):
 
 
 def _is_tensor(obj: Any) -> bool:
-    cls = type(obj)
+    return _tensor_class(type(obj))
+
+
+def _tensor_class(cls: type) -> bool:
     return cls.__module__.startswith("torch") and any(
         (c.__module__, c.__name__) == ("torch", "Tensor") for c in cls.__mro__
     )
