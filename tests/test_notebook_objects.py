@@ -74,3 +74,22 @@ def test_gradients_of_tensors_and_parameters_come_back(store: ImageStore) -> Non
     restored["opt"].step()
     opt.step()
     assert torch.equal(restored["model"].weight, model.weight)
+
+
+def test_unevaluated_sympy_expressions_stay_unevaluated(store: ImageStore) -> None:
+    """SymPy's own pickling rebuilds an expression by calling its class, which evaluates
+    it: ``sympify("x + x", evaluate=False)`` came back as ``2*x``."""
+    sympy = pytest.importorskip("sympy")
+    x = sympy.Symbol("x")
+    namespace = {
+        "held": sympy.sympify("x + x", evaluate=False),
+        "power": sympy.Pow(x, 1, evaluate=False),
+        "plain": sympy.sin(x) ** 2 + sympy.Rational(1, 3),
+        "x": x,
+    }
+    save_namespace(store, namespace)
+    restored = load_namespace(store, "test")
+    for name, value in namespace.items():
+        assert sympy.srepr(restored[name]) == sympy.srepr(value), name
+    assert restored["x"] is x  # symbols are still SymPy's cached ones
+    assert restored["plain"] == namespace["plain"]

@@ -210,6 +210,22 @@ def _with_grad(rebuild: Callable[..., Any], args: tuple, grad: Any) -> Any:
     return tensor
 
 
+def _sympy_expression(obj: Any) -> bool:
+    """A SymPy expression built from others (an atom, such as a symbol, is not: it is
+    rebuilt through SymPy's cache, as the same object)."""
+    sympy = sys.modules.get("sympy")
+    return sympy is not None and isinstance(obj, sympy.Basic) and not isinstance(obj, sympy.Atom)
+
+
+def _unevaluated(rebuild: Callable[..., Any], args: tuple) -> Any:
+    """A SymPy expression rebuilt from its arguments as it was, not evaluated again: SymPy's
+    own reduce calls the class, which turns ``Add(x, x, evaluate=False)`` into ``2*x``."""
+    from sympy.core.parameters import evaluate
+
+    with evaluate(False):
+        return rebuild(*args)
+
+
 def _special(cls: type) -> bool:
     """Whether instances of ``cls`` may reduce differently one from another (by value or
     not, a view or an owner, on a device or not), so the answer for one does not hold
@@ -297,6 +313,10 @@ class CkptPickler(cloudpickle.Pickler):
             return self._reduce_subclass_view(obj)
         if module == "torch" and cls.__name__ == "Tensor":
             return self._reduce_tensor(obj)
+        if module and module.startswith("sympy.") and _sympy_expression(obj):
+            reduced = obj.__reduce_ex__(PROTOCOL)
+            if isinstance(reduced, tuple) and len(reduced) >= 2:
+                return (_unevaluated, (reduced[0], reduced[1]), *reduced[2:])
         if _is_tensor(obj) and obj.is_leaf and obj.grad is not None:
             reduced = obj.__reduce_ex__(PROTOCOL)
             if isinstance(reduced, tuple) and len(reduced) == 2:
@@ -445,7 +465,7 @@ def _is_tensor(obj: Any) -> bool:
 
 
 def _tensor_class(cls: type) -> bool:
-    return cls.__module__.startswith("torch") and any(
+    return (cls.__module__ or "").startswith("torch") and any(
         (c.__module__, c.__name__) == ("torch", "Tensor") for c in cls.__mro__
     )
 
