@@ -93,3 +93,12 @@ def test_unevaluated_sympy_expressions_stay_unevaluated(store: ImageStore) -> No
         assert sympy.srepr(restored[name]) == sympy.srepr(value), name
     assert restored["x"] is x  # symbols are still SymPy's cached ones
     assert restored["plain"] == namespace["plain"]
+
+
+def test_polynomials_come_back(store: ImageStore) -> None:
+    """A polynomial checks its generators as it is built: it is rebuilt as SymPy does."""
+    sympy = pytest.importorskip("sympy")
+    lamda = sympy.Symbol("lamda")
+    namespace = {"p": sympy.Matrix([[1, 2], [3, 4]]).charpoly(lamda)}
+    save_namespace(store, namespace)
+    assert load_namespace(store, "test")["p"] == namespace["p"]

@@ -212,9 +212,10 @@ def _with_grad(rebuild: Callable[..., Any], args: tuple, grad: Any) -> Any:
 
 def _sympy_expression(obj: Any) -> bool:
     """A SymPy expression built from others (an atom, such as a symbol, is not: it is
-    rebuilt through SymPy's cache, as the same object)."""
+    rebuilt through SymPy's cache, as the same object; nor is a polynomial, which checks
+    its generators as it is built)."""
     sympy = sys.modules.get("sympy")
-    return sympy is not None and isinstance(obj, sympy.Basic) and not isinstance(obj, sympy.Atom)
+    return sympy is not None and isinstance(obj, sympy.Expr) and not isinstance(obj, sympy.Atom)
 
 
 def _unevaluated(rebuild: Callable[..., Any], args: tuple) -> Any:
@@ -222,7 +223,10 @@ def _unevaluated(rebuild: Callable[..., Any], args: tuple) -> Any:
     own reduce calls the class, which turns ``Add(x, x, evaluate=False)`` into ``2*x``."""
     from sympy.core.parameters import evaluate
 
-    with evaluate(False):
+    try:
+        with evaluate(False):
+            return rebuild(*args)
+    except Exception:  # a class that cannot be built unevaluated: as SymPy rebuilds it
         return rebuild(*args)
 
 
