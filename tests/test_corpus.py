@@ -49,6 +49,7 @@ NOTEBOOKS = sorted(
 )
 PAIRS = 2  # kernel pairs run at the same time
 RERUN = 2  # the last code cells run again after a restore
+DILL = os.environ.get("CORPUS_DILL", "1") != "0"  # CORPUS_DILL=0: no timing against dill
 # Planted in B after the control's restore: each must show as wrong, and nothing else.
 CONTROL = """
 import numpy as np
@@ -171,7 +172,10 @@ class Pair:
         row.save_s = saved["seconds"]
         row.reported = dict(saved["lost"])
         call(a, f"__import__('probe').write_snapshot({str(self.work / (ref + '.a.json'))!r})")
-        row.dill = {"dump": call(a, f"__import__('probe').dill_dump({str(self.work / ref)!r})")}
+        row.dill = {"dump": {}}
+        if DILL:
+            dump = f"__import__('probe').dill_dump({str(self.work / ref)!r})"
+            row.dill["dump"] = call(a, dump)
         row.reruns = [outcome(a, code) for code in last_cells(cells)]
         return row
 
@@ -311,14 +315,17 @@ def table(rows: list[Row], wall: float) -> str:
         f"{sum(r.restore_s for r in rows):6.1f}"
     )
     lines.append(total)
-    lines.append(
-        f"dill: dump_module failed for {len(rows) - len(dumped)} of {len(rows)} notebooks, "
-        f"load_module for {len(dumped) - len(loaded)} of the others; where both worked, "
-        f"save {sum(r.save_s for r in loaded):.1f} s (ours, verified) against "
-        f"{sum(r.dill['dump']['seconds'] for r in loaded):.1f} s (dill), restore "
-        f"{sum(r.restore_s for r in loaded):.1f} s against "
-        f"{sum(r.dill['load']['seconds'] for r in loaded):.1f} s; wall time {wall:.0f} s"
-    )
+    if not DILL:
+        lines.append(f"dill: not timed (CORPUS_DILL=0); wall time {wall:.0f} s")
+    else:
+        lines.append(
+            f"dill: dump_module failed for {len(rows) - len(dumped)} of {len(rows)} notebooks, "
+            f"load_module for {len(dumped) - len(loaded)} of the others; where both worked, "
+            f"save {sum(r.save_s for r in loaded):.1f} s (ours, verified) against "
+            f"{sum(r.dill['dump']['seconds'] for r in loaded):.1f} s (dill), restore "
+            f"{sum(r.restore_s for r in loaded):.1f} s against "
+            f"{sum(r.dill['load']['seconds'] for r in loaded):.1f} s; wall time {wall:.0f} s"
+        )
     for r in rows:
         for name, why in r.reported.items():
             lines.append(f"  reported {r.name}: {name}: {why[:150]}")
