@@ -25,6 +25,7 @@ ALLOW_SKIPS = "JUPYTER_CKPT_ALLOW_SKIPS"
 # Read by kubernetes_asyncio when it is imported: set before any test imports kubespawner.
 os.environ.setdefault("KUBECONFIG", str(Path(__file__).parent / "kubeconfig-unreachable.yaml"))
 _skipped: list[str] = []
+_tables: list[str] = []  # the corpus test's table (test_corpus.py), shown in the summary
 
 
 def skips_allowed() -> bool:
@@ -34,6 +35,8 @@ def skips_allowed() -> bool:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail"):
         _skipped.append(report.nodeid)
+    if report.when == "call":
+        _tables.extend(str(v) for k, v in report.user_properties if k == "corpus_table")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -42,6 +45,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for table in _tables:
+        terminalreporter.write_sep("=", "notebook corpus: saved, restored, compared")
+        terminalreporter.write_line(table)
     if _skipped and not skips_allowed():
         terminalreporter.write_line(
             f"FAILED: {len(_skipped)} test(s) skipped (see the reasons above); every test "
@@ -61,6 +67,7 @@ _LONG_GROUPS = {
     "tests/server/test_server_lifecycle_stateful.py": 150,
     "tests/server/test_server_soak.py": 120,
     "tests/hub": 90,
+    "tests/test_corpus.py": 90,
 }
 
 

@@ -5,6 +5,7 @@ nothing else. The GPU is the ``fake_devices`` stand-in, in this process.
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import torch
 from fake_devices import FakeDeviceOps, install
 
 from jupyter_ckpt.errors import DeviceUnavailable
-from jupyter_ckpt.image import devices
+from jupyter_ckpt.image import devices, hostcopy
 from jupyter_ckpt.image.hostcopy import (
     DEPTH,
     PIECE_ALIGN,
@@ -52,6 +53,20 @@ def test_every_device_storage_is_found_once(gpu: FakeDeviceOps) -> None:
         model.weight.untyped_storage().data_ptr(): "cuda:0",
     }
     assert held["cpu"].untyped_storage().data_ptr() not in addresses
+
+
+def test_gradients_are_found_through_their_tensors(
+    gpu: FakeDeviceOps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = torch.nn.Linear(4, 2)
+    model(torch.ones(1, 4)).sum().backward()
+    grad = on(gpu, model.weight.grad, "cuda:0")
+    # a gradient nobody asked for from Python has no object for the scan to find
+    objects = [o for o in gc.get_objects() if o is not grad]
+    monkeypatch.setattr(hostcopy.gc, "get_objects", lambda: objects)
+    found, reason = device_storages(gpu)
+    assert reason is None
+    assert grad.untyped_storage().data_ptr() in {s.data_ptr() for _, s in found}
 
 
 def test_state_that_cannot_be_copied_ahead_says_why(

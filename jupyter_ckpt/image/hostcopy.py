@@ -20,6 +20,7 @@ import gc
 import itertools
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -57,7 +58,8 @@ def device_storages(ops: devices.DeviceOps) -> tuple[list[tuple[str, Any]], str 
     kinds = list(map(type, objects))
     tensor_kinds = {kind for kind in set(kinds) if issubclass(kind, torch.Tensor)}
     found: dict[int, tuple[str, Any]] = {}
-    for tensor in itertools.compress(objects, map(tensor_kinds.__contains__, kinds)):
+    tensors = itertools.compress(objects, map(tensor_kinds.__contains__, kinds))
+    for tensor in _with_gradients(tensors):
         # any tensor of the process, a library's too: an odd one must not fail the save
         try:
             device = ops.device_of(tensor)
@@ -75,6 +77,19 @@ def device_storages(ops: devices.DeviceOps) -> tuple[list[tuple[str, Any]], str 
         if address:  # 0: empty, or on the meta device
             found.setdefault(address, (device, storage))
     return list(found.values()), None
+
+
+def _with_gradients(tensors: Iterable[Any]) -> Iterator[Any]:
+    """The tensors and their gradients, which images save with them: a gradient has no
+    Python object, so the scan misses it, until someone asks for it."""
+    for tensor in tensors:
+        yield tensor
+        try:
+            grad = tensor.grad if tensor.is_leaf else None  # non-leaf .grad warns
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+            continue
+        if grad is not None:
+            yield grad
 
 
 def copy_to_host(

@@ -183,7 +183,13 @@ def _rebuild_storage(buffer: Any, device: str) -> Any:
 
 
 def _rebuild_tensor(
-    storage: Any, offset: int, size: tuple, stride: tuple, dtype: Any, requires_grad: bool
+    storage: Any,
+    offset: int,
+    size: tuple,
+    stride: tuple,
+    dtype: Any,
+    requires_grad: bool,
+    grad: Any = None,
 ) -> Any:
     import torch
 
@@ -191,7 +197,37 @@ def _rebuild_tensor(
     tensor.set_(storage, offset, size, stride)
     if requires_grad:
         tensor.requires_grad_(True)
+    if grad is not None:
+        tensor.grad = grad
     return tensor
+
+
+def _with_grad(rebuild: Callable[..., Any], args: tuple, grad: Any) -> Any:
+    """A tensor subclass (a Parameter) rebuilt by its own reduce, with its gradient:
+    torch's reduce leaves ``.grad`` out, and a training loop reads it."""
+    tensor = rebuild(*args)
+    tensor.grad = grad
+    return tensor
+
+
+def _sympy_expression(obj: Any) -> bool:
+    """A SymPy expression built from others (an atom, such as a symbol, is not: it is
+    rebuilt through SymPy's cache, as the same object; nor is a polynomial, which checks
+    its generators as it is built)."""
+    sympy = sys.modules.get("sympy")
+    return sympy is not None and isinstance(obj, sympy.Expr) and not isinstance(obj, sympy.Atom)
+
+
+def _unevaluated(rebuild: Callable[..., Any], args: tuple) -> Any:
+    """A SymPy expression rebuilt from its arguments as it was, not evaluated again: SymPy's
+    own reduce calls the class, which turns ``Add(x, x, evaluate=False)`` into ``2*x``."""
+    from sympy.core.parameters import evaluate
+
+    try:
+        with evaluate(False):
+            return rebuild(*args)
+    except Exception:  # a class that cannot be built unevaluated: as SymPy rebuilds it
+        return rebuild(*args)
 
 
 def _special(cls: type) -> bool:
@@ -202,6 +238,7 @@ def _special(cls: type) -> bool:
         issubclass(cls, (type, types.FunctionType, io.IOBase))
         or (cls.__module__, cls.__name__) in (("numpy", "ndarray"), ("torch", "Tensor"))
         or _array_subclass(cls)
+        or _tensor_class(cls)  # a Parameter with a gradient or without
     )
 
 
@@ -280,6 +317,14 @@ class CkptPickler(cloudpickle.Pickler):
             return self._reduce_subclass_view(obj)
         if module == "torch" and cls.__name__ == "Tensor":
             return self._reduce_tensor(obj)
+        if module and module.startswith("sympy.") and _sympy_expression(obj):
+            reduced = obj.__reduce_ex__(PROTOCOL)
+            if isinstance(reduced, tuple) and len(reduced) >= 2:
+                return (_unevaluated, (reduced[0], reduced[1]), *reduced[2:])
+        if _is_tensor(obj) and obj.is_leaf and obj.grad is not None:
+            reduced = obj.__reduce_ex__(PROTOCOL)
+            if isinstance(reduced, tuple) and len(reduced) == 2:
+                return _with_grad, (*reduced, obj.grad)
         if module == "__main__" or getattr(obj, "__module__", None) == "__main__":
             by_value = self._reduce_notebook_object(obj)
             if by_value is not None:
@@ -300,6 +345,10 @@ class CkptPickler(cloudpickle.Pickler):
         qualname = getattr(obj, "__qualname__", None)
         if not isinstance(qualname, str) or isinstance(obj, (type, types.FunctionType)):
             return None  # instances, and what cloudpickle saves by value itself
+        if type(obj) in self.dispatch_table:
+            # a staticmethod or classmethod of a notebook class names its function's
+            # module and qualname, and has a reducer of its own in the table
+            return None
         if isinstance(obj, functools._lru_cache_wrapper):
             params = obj.cache_parameters()
             return _lru_cache, (obj.__wrapped__, params["maxsize"], params["typed"])
@@ -369,9 +418,9 @@ class CkptPickler(cloudpickle.Pickler):
     def _reduce_tensor(self, tensor: Any) -> Any:
         if not saved_as_storage(tensor):
             return NotImplemented
-        requires_grad = tensor.requires_grad
+        requires_grad, grad = tensor.requires_grad, tensor.grad if tensor.is_leaf else None
         tensor = tensor.detach()
-        return _rebuild_tensor, (
+        args = (
             self._storage_ref(tensor),
             tensor.storage_offset(),
             tuple(tensor.size()),
@@ -379,6 +428,7 @@ class CkptPickler(cloudpickle.Pickler):
             tensor.dtype,
             requires_grad,
         )
+        return _rebuild_tensor, args if grad is None else (*args, grad)
 
     def _storage_ref(self, tensor: Any) -> _StorageRef:
         """The one :class:`_StorageRef` of ``tensor``'s storage. A CPU storage over the
@@ -422,8 +472,11 @@ def saved_as_storage(tensor: Any) -> bool:
 
 
 def _is_tensor(obj: Any) -> bool:
-    cls = type(obj)
-    return cls.__module__.startswith("torch") and any(
+    return _tensor_class(type(obj))
+
+
+def _tensor_class(cls: type) -> bool:
+    return (cls.__module__ or "").startswith("torch") and any(
         (c.__module__, c.__name__) == ("torch", "Tensor") for c in cls.__mro__
     )
 
