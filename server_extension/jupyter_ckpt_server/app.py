@@ -92,6 +92,7 @@ class CkptExtensionApp(ExtensionApp):
                 "JUPYTER_CKPT_SECRET_FILE": store.signer.secret_file,
                 "JUPYTER_CKPT_ENCRYPTION": store.encryption,
                 "JUPYTER_CKPT_BUFFER_BYTES": str(store.buffer_bytes),
+                "JUPYTER_CKPT_MAP_BUFFERS": "1" if store.map_buffers else "0",
             },
         )
         self.monitor = IdleMonitor(self.manager)
