@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -30,6 +31,8 @@ from jupyter_ckpt.store.layout import chunk_path
 
 # What ``jupyter_ckpt.kernel`` imports that a fresh kernel has not imported already.
 KERNEL_MODULES = ("jupyter_ckpt", "blake3", "cloudpickle", "cryptography", "psutil")
+# What an import reads of a package's files: its compiled modules and its extensions.
+LOADED = (f".{sys.implementation.cache_tag}.pyc", ".so", ".pyd")
 
 
 def image_files(store: ImageStore, manifest: dict[str, Any]) -> list[str]:
@@ -54,8 +57,9 @@ def image_files(store: ImageStore, manifest: dict[str, Any]) -> list[str]:
 
 
 def module_files(modules: Iterable[str]) -> Iterator[str]:
-    """The files of the named top-level modules as this server's Python finds them
-    (kernels of the server's own environment find the same), without importing them."""
+    """The files an import of the named top-level modules reads (compiled modules and
+    extensions, not sources nor tests), as this server's Python finds them (kernels of the
+    server's own environment find the same), without importing them."""
     for name in modules:
         try:
             spec = importlib.util.find_spec(name)
@@ -64,8 +68,9 @@ def module_files(modules: Iterable[str]) -> Iterator[str]:
         if spec is None:
             continue
         for location in spec.submodule_search_locations or ():
-            for directory, _, names in os.walk(location):
-                yield from (os.path.join(directory, n) for n in names)
+            for directory, dirs, names in os.walk(location):
+                dirs[:] = [d for d in dirs if d != "tests"]
+                yield from (os.path.join(directory, n) for n in names if n.endswith(LOADED))
         if spec.origin and os.path.isfile(spec.origin):
             yield spec.origin
 
