@@ -121,24 +121,31 @@ def map_files(paths: Sequence[str], sizes: Sequence[int]) -> memoryview:
     return memoryview(region)
 
 
+def large_buffers(manifest: dict[str, Any]) -> set[int]:
+    """The indexes of the image's segments that hold one large buffer each (the ones to
+    map): large, and no pickle is in them (those are read and checked before unpickling)."""
+    pickled = {g["pickle"][0] for g in manifest.get("groups", ())}
+    return {
+        index
+        for index, segment in enumerate(manifest["segments"])
+        if index not in pickled and segment["size"] >= MAP_MIN_BYTES
+    }
+
+
 class Mapper:
-    """Maps the large buffer segments of one image (never one a pickle is in: those are
-    read and checked before unpickling); its :class:`Checker` checks them afterwards."""
+    """Maps the large buffer segments of one image; its :class:`Checker` checks them
+    after the restore."""
 
     def __init__(self, manifest: dict[str, Any], path_of: Callable[[str], str]) -> None:
-        self._pickled = {g["pickle"][0] for g in manifest.get("groups", ())}
+        self._large = large_buffers(manifest)
         self._path_of = path_of
         self.checker = Checker()
         self.bytes = 0  # mapped, so far
 
-    def maps(self, index: int, segment: dict[str, Any]) -> bool:
-        """Whether the segment is one to map: large, and no pickle is in it."""
-        return index not in self._pickled and segment["size"] >= MAP_MIN_BYTES
-
     def __call__(self, index: int, segment: dict[str, Any]) -> memoryview | None:
         """The segment, mapped; None where it is to be read (small, holds a pickle, or a
         chunk file is not as the manifest says: reading it then says what is wrong)."""
-        if not self.maps(index, segment):
+        if index not in self._large:
             return None
         digests = [digest for digest, _ in segment["chunks"]]
         sizes = [size for _, size in segment["chunks"]]

@@ -6,12 +6,10 @@ Both come from the disk when the page cache has been dropped (a kernel suspended
 hours, a node under memory pressure). The server knows what the restore will read from
 the image's manifest, so it asks the page cache for those files while the kernel starts
 (``posix_fadvise(WILLNEED)`` starts the reads and returns), and the restore then finds
-them in memory: the chunks the kernel reads before the first result (all of them, or,
-where large buffers are mapped and read on first touch, the pickle streams and small
-buffers: see :mod:`jupyter_ckpt.store.mapping`), which the kernel copies from the page
-cache instead of reading them again (:class:`jupyter_ckpt.store.backends.LocalBackend`),
-and the modules of the packages whose objects are in the image, with those the kernel
-side of jupyter_ckpt imports.
+them in memory: the chunks of the image's pickle streams and small buffers, which the
+kernel copies from the page cache instead of reading them again
+(:class:`jupyter_ckpt.store.backends.LocalBackend`), and the modules of the packages
+whose objects are in the image, with those the kernel side of jupyter_ckpt imports.
 
 Nothing is read into the server's memory and nothing is unpickled; a file that cannot be
 opened is skipped (the restore reports it if it matters).
@@ -28,6 +26,7 @@ from typing import Any
 from jupyter_ckpt.store import ImageStore
 from jupyter_ckpt.store.backends import LocalBackend
 from jupyter_ckpt.store.layout import chunk_path
+from jupyter_ckpt.store.mapping import large_buffers
 
 # What ``jupyter_ckpt.kernel`` imports that a fresh kernel has not imported already.
 KERNEL_MODULES = ("jupyter_ckpt", "blake3", "cloudpickle", "cryptography", "psutil")
@@ -36,24 +35,20 @@ LOADED = (f".{sys.implementation.cache_tag}.pyc", ".so", ".pyd")
 
 
 def image_files(store: ImageStore, manifest: dict[str, Any]) -> list[str]:
-    """The chunk files of the image that its restore reads (not those it maps), as many
-    as half the memory now available can hold: more would push out the first ones
-    before the kernel reads them."""
+    """The chunk files of the image's pickle streams and small buffers. Large buffers
+    are left alone: mapped, they are read after the restore (:mod:`.mapping`'s check);
+    read, the kernel reads them with direct I/O at the disk's pace, and reading them
+    ahead as well would only make the disk read them twice and slow the kernel's start."""
     backend = store.backend
     if not isinstance(backend, LocalBackend):
         return []
-    mapper = store.mapper(manifest)
-    budget = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    files = []
-    for index, segment in enumerate(manifest["segments"]):
-        if mapper is not None and mapper.maps(index, segment):
-            continue
-        for digest, size in segment["chunks"]:
-            budget -= size
-            if budget < 0:
-                return files
-            files.append(os.path.join(backend.root, chunk_path(digest)))
-    return files
+    large = large_buffers(manifest)
+    return [
+        os.path.join(backend.root, chunk_path(digest))
+        for index, segment in enumerate(manifest["segments"])
+        if index not in large
+        for digest, _ in segment["chunks"]
+    ]
 
 
 def module_files(modules: Iterable[str]) -> Iterator[str]:
