@@ -133,15 +133,15 @@ class KernelSession:
         report = image.restore(manifest, segments, self.shell.user_ns, map_location=map_location)
         segments.progress.finish()
         restored = time.perf_counter()
-        mapper = segments.mapper
-        if mapper is not None and mapper.checker.chunks:
-            mapper.checker.start(functools.partial(self._mapped_checked, manifest))
         history = manifest.get("kernel", {}).get("history")
         cells = defining_cells(expand_history(history)[1], report.missing) if history else {}
         report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
         self.last_bytes = host_bytes(manifest)
+        mapper = segments.mapper
+        if mapper is not None and mapper.checker.chunks:  # last: it keeps the disk busy
+            mapper.checker.start(functools.partial(self._mapped_checked, manifest))
         return {
             "id": manifest["id"],
             "name": manifest["name"],
@@ -153,6 +153,7 @@ class KernelSession:
                 "manifest": opened - started,
                 "read": segments.read_seconds,
                 "unpickle": restored - opened - segments.read_seconds,
+                "history and working directory": time.perf_counter() - restored,
             },
             "mapped_bytes": 0 if mapper is None else mapper.bytes,
         }
