@@ -241,7 +241,11 @@ async def run(size: int, rounds: int, tmp: Path, map_buffers: bool) -> None:
         await server.wait_ready()
         for i in range(rounds):
             results.append(await one_round(server, size, tmp / "store", conditions))
-            print(f"round {i + 1}: hand-over timeline (server's restore event)")
+            print(
+                f"round {i + 1}: first result {results[-1]['first result']:.3f} s, fresh "
+                f"kernel {results[-1]['fresh kernel']:.3f} s; hand-over timeline (server's "
+                "restore event):"
+            )
             steps = [
                 (t["step"], f"{t['at']:.3f}", f"{t['seconds']:.3f}")
                 for t in results[-1]["timeline"]
