@@ -58,7 +58,7 @@ def _libc_mmap() -> Callable[..., int] | None:
         ctypes.c_int,
         ctypes.c_long,
     ]
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 _mmap_at = _libc_mmap()
