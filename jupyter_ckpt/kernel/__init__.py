@@ -6,14 +6,17 @@ silent execute and reads their JSON-able results; it never unpickles user object
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import sys
 import time
 from typing import Any
 
 from .. import image
 from ..errors import CkptError
 from ..store import ImageStore, check_ref
+from ..store.mapping import Checker
 from ..store.progress import Progress
 from . import background
 from .activity import describe as describe
@@ -50,6 +53,8 @@ class KernelSession:
         self.unsaveable: dict[str, int] = {}
         # the last image's bytes held in host memory: what a forked save may copy
         self.last_bytes = 0
+        # name -> why: restored variables whose mapped data failed its later check
+        self.damaged: dict[str, str] = {}
         self._store: ImageStore | None = None
 
     @property
@@ -123,22 +128,60 @@ class KernelSession:
     ) -> dict[str, Any]:
         started = time.perf_counter()
         manifest = self.store.open(ref)
+        opened = time.perf_counter()
         segments = self.store.read_segments(manifest, Progress(progress))
         report = image.restore(manifest, segments, self.shell.user_ns, map_location=map_location)
         segments.progress.finish()
+        restored = time.perf_counter()
         history = manifest.get("kernel", {}).get("history")
         cells = defining_cells(expand_history(history)[1], report.missing) if history else {}
         report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
         self.last_bytes = host_bytes(manifest)
+        mapper = segments.mapper
+        if mapper is not None and mapper.checker.chunks:  # last: it keeps the disk busy
+            mapper.checker.start(functools.partial(self._mapped_checked, manifest))
         return {
             "id": manifest["id"],
             "name": manifest["name"],
             **report.to_json(),
             "cells": cells,  # what to re-run to make a missing variable again
             "seconds": time.perf_counter() - started,
+            # where the time went, for the server's restore timeline
+            "steps": {
+                "manifest": opened - started,
+                "read": segments.read_seconds,
+                "unpickle": restored - opened - segments.read_seconds,
+                "history and working directory": time.perf_counter() - restored,
+            },
+            "mapped_bytes": 0 if mapper is None else mapper.bytes,
         }
+
+    def _mapped_checked(self, manifest: dict[str, Any], checker: Checker) -> None:
+        """Say which restored variables hold data whose chunk did not match its hash (the
+        check runs after the restore for mapped buffers: see :mod:`..store.mapping`)."""
+        if not checker.failed:
+            return
+        bad = {
+            index
+            for index, segment in enumerate(manifest["segments"])
+            if any(digest in checker.failed for digest, _ in segment["chunks"])
+        }
+        names = sorted(
+            name
+            for group in manifest["groups"]
+            if any(ref[0] in bad for ref in group["buffers"])
+            for name in group["names"]
+        )
+        why = "; ".join(sorted(set(checker.failed.values())))
+        self.damaged.update(dict.fromkeys(names, why))
+        print(
+            f"jupyter-ckpt: image {manifest['id']} was damaged on disk: the data of "
+            f"{', '.join(names) or 'some variables'} does not match what was saved; "
+            "load it from another image or make it again",
+            file=sys.stderr,
+        )
 
 
 def _describe(exc: BaseException) -> str:

@@ -135,4 +135,5 @@ class CkptMagics(Magics):
             f"Store: {s.store.backend.url}",
             f"Excluded: {', '.join(sorted(s.excluded)) or '(none)'}",
             f"Last image: {s.last_image or '(none)'}",
+            *(f"Damaged on disk since its restore: {n} ({why})" for n, why in s.damaged.items()),
         ]

@@ -127,9 +127,11 @@ def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
         os.environ.pop(key, None)
     _RESTORED_ENV.update(env.get("set", {}), env.get("unset", []))
     history = facts.get("history")
-    if history or facts.get("execution_count"):
+    if (history or facts.get("execution_count")) and shell.execution_count > 1:
         # The saved line numbers may already be taken in this kernel's history database
-        # session; IPython would then print an error on the next cell. Continue in a new one.
+        # session; IPython would then print an error on the next cell. Continue in a new one
+        # (a kernel that stored no cell yet, as one started for a restore, has none taken:
+        # a new session would only cost database writes before the first result).
         manager = shell.history_manager
         if manager.session_number:
             manager.end_session()

@@ -42,6 +42,7 @@ from .encryption import (
     NONE,
     Chunks,
     Cipher,
+    PlainChunks,
     Sealer,
     chunk_forms,
     chunks_of,
@@ -57,6 +58,7 @@ from .layout import (
     manifest_path,
 )
 from .leases import Lease, live_leases
+from .mapping import Mapper, can_map
 from .progress import Progress
 from .reading import Segments, allocate
 from .records import KernelRecords
@@ -65,6 +67,8 @@ from .signing import Signer
 from .users import check_user, prepare_local, user_prefix
 from .writer import ImageWriter
 
+# What JUPYTER_CKPT_MAP_BUFFERS may say to switch mapping off.
+OFF = frozenset({"0", "false", "no", "off"})
 # Where a store that holds encrypted images says so (:meth:`ImageStore.follow_store_encryption`).
 ENCRYPTION_SETTING = "encryption.json"
 
@@ -159,6 +163,19 @@ class ImageStore(LoggingConfigurable):
         help="Read chunks of a local store with O_DIRECT where the file system supports it "
         "(faster and lighter on the CPU for cold reads; falls back by itself).",
     ).tag(config=True)
+
+    map_buffers = Bool(
+        help="Map large array buffers from the chunk files of a local, unencrypted store "
+        "(private, copy-on-write) instead of reading them during a restore: the first "
+        "cell runs before the data is read, and each page is read when first touched "
+        "(docs/admin-guide.md). Network file systems, encrypted images and object stores "
+        "are always read. Kernels read JUPYTER_CKPT_MAP_BUFFERS. "
+        "Default: $JUPYTER_CKPT_MAP_BUFFERS ('0' is off), else on.",
+    ).tag(config=True)
+
+    @default("map_buffers")
+    def _default_map_buffers(self) -> bool:
+        return os.environ.get("JUPYTER_CKPT_MAP_BUFFERS", "1").strip().lower() not in OFF
 
     buffer_bytes = Int(
         BUFFER_BYTES,
@@ -364,8 +381,23 @@ class ImageStore(LoggingConfigurable):
 
     def read_segments(self, manifest: dict[str, Any], progress: Progress | None = None) -> Segments:
         """The image's segments, each read and verified when first used and dropped after
-        its last use, so a restore holds one group's data at a time, not the image."""
-        return Segments(manifest, self.chunk_reader(manifest), self._pool, progress)
+        its last use, so a restore holds one group's data at a time, not the image. Large
+        buffers are mapped instead where :meth:`mapper` allows."""
+        return Segments(
+            manifest, self.chunk_reader(manifest), self._pool, progress, self.mapper(manifest)
+        )
+
+    def mapper(self, manifest: dict[str, Any]) -> Mapper | None:
+        """What maps the image's large buffers, or None where they must be read: mapping
+        off, a remote store, a network file system, or an encrypted image."""
+        backend = self.backend
+        if not self.map_buffers or not isinstance(backend, LocalBackend):
+            return None
+        if not isinstance(chunks_of(manifest, self._chunk_forms), PlainChunks):
+            return None
+        if not can_map(backend.root):
+            return None
+        return Mapper(manifest, lambda digest: os.path.join(backend.root, chunk_path(digest)))
 
     def chunk_reader(
         self, manifest: dict[str, Any], forms: dict[str, Chunks] | None = None

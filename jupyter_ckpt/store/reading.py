@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import mmap
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, overload
 
+from .mapping import Mapper
 from .progress import Progress
 
 
@@ -48,6 +50,7 @@ class Segments(Sequence[memoryview]):
         read_chunk: Callable[[str, memoryview], None],
         pool: ThreadPoolExecutor,
         progress: Progress | None = None,
+        mapper: Mapper | None = None,
     ) -> None:
         self._segments = manifest["segments"]
         self._read_chunk = read_chunk
@@ -57,6 +60,9 @@ class Segments(Sequence[memoryview]):
         self._pool = pool
         self._left = _uses(manifest)
         self._held: dict[int, memoryview] = {}
+        # maps a large buffer's segment instead of reading it (see :mod:`.mapping`)
+        self.mapper = mapper
+        self.read_seconds = 0.0  # spent reading (and checking, and mapping) segments
 
     def __len__(self) -> int:
         return len(self._segments)
@@ -71,7 +77,14 @@ class Segments(Sequence[memoryview]):
         index = range(len(self))[index]
         buf = self._held.get(index)
         if buf is None:
-            buf = self._read(self._segments[index])
+            started = time.perf_counter()
+            segment = self._segments[index]
+            buf = self.mapper(index, segment) if self.mapper is not None else None
+            if buf is None:
+                buf = self._read(segment)
+            else:
+                self.progress.add(len(buf))
+            self.read_seconds += time.perf_counter() - started
         self._left[index] -= 1
         if self._left[index] > 0:
             self._held[index] = buf

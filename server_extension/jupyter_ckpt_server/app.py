@@ -11,6 +11,7 @@ from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.services.kernels.handlers import _kernel_id_regex
 from traitlets import TraitError, default
 
+from jupyter_ckpt import compat
 from jupyter_ckpt.errors import CkptError
 from jupyter_ckpt.gpu import GpuProbe
 from jupyter_ckpt.store import ImageStore
@@ -43,6 +44,7 @@ class CkptExtensionApp(ExtensionApp):
     stop_guard: StopGuard | None = None  # set once the server runs its event loop
     store_health: StoreHealth | None = None  # set once the server runs its event loop
     _stopping: asyncio.Future[None] | None = None
+    _prepared: asyncio.Future[None] | None = None
 
     @default("config_file_name")
     def _default_config_file_name(self) -> str:
@@ -92,6 +94,7 @@ class CkptExtensionApp(ExtensionApp):
                 "JUPYTER_CKPT_SECRET_FILE": store.signer.secret_file,
                 "JUPYTER_CKPT_ENCRYPTION": store.encryption,
                 "JUPYTER_CKPT_BUFFER_BYTES": str(store.buffer_bytes),
+                "JUPYTER_CKPT_MAP_BUFFERS": "1" if store.map_buffers else "0",
             },
         )
         self.monitor = IdleMonitor(self.manager)
@@ -122,6 +125,8 @@ class CkptExtensionApp(ExtensionApp):
             return
         # kernel and session requests arriving from now on wait for the records
         loaded = serverapp.web_app.settings[startup.SETTING] = asyncio.Event()
+        # a restore checks compatibility first: its slow part is done now, off its path
+        self._prepared = asyncio.ensure_future(asyncio.to_thread(compat.prepare))
         health = self.store_health = StoreHealth(self.manager.store.backend.url, self.log)
         self.service.store_health = health
         try:

@@ -14,7 +14,8 @@ through :class:`~.kernelmanager.CkptKernelManager`, the websocket, the idle moni
 autosave scheduler, the stop guard, suspend-all, resume, delete, retention) calls in
 here; this module calls the kernel (``rpc``), the store, the background saver and the
 kernel manager's process primitives, and nothing calls back into it through a slot.
-One kernel's transitions are serialized by its lock.
+One kernel's transitions are serialized by its lock. A restore hands the kernel to the
+client whose cell woke it before the record is written (the put follows under the lock).
 
 States and the events that move a kernel (``TRANSITIONS``; events that leave the state
 as it is, such as a cell, a checkpoint or an interrupt, are not listed):
@@ -72,8 +73,10 @@ from jupyter_ckpt.store import ImageStore
 from .events import Events, now_iso
 from .policy import SuspendPolicy
 from .progress import ProgressWatch
+from .readahead import readahead
 from .recovery import recovered_field, recovery_message, server_identity, writer_alive
 from .rpc import Aborted, KernelRPC, NothingToSave, SuspendFailed
+from .timeline import Timeline
 
 # how often at most a running record is rewritten with the cells run since its image
 RECORD_REFRESH_SECONDS = 5.0
@@ -81,6 +84,9 @@ RECORD_REFRESH_SECONDS = 5.0
 # kernel info is asked for meanwhile
 JOIN_TIMEOUT = 30.0
 JOIN_NUDGE_SECONDS = 0.5
+# how long a restore's event waits for its clients' queued messages to be delivered (a
+# client that closed meanwhile never reports it)
+DELIVERY_WAIT = 5.0
 
 # The id of the kernel that a restore is starting in the current task. jupyter_server and
 # jupyter_client refuse to start a kernel with an id that is already ``in`` the manager;
@@ -153,6 +159,10 @@ class KernelLifecycle:
     messages: int = 0  # messages clients sent it on websockets
     suspend_task: asyncio.Task[dict[str, Any]] | None = None  # shared by its callers
     restore_task: asyncio.Task[dict[str, Any]] | None = None  # shared by its callers
+    # set once the restored kernel holds its state, before its record is written
+    restore_ready: asyncio.Future[dict[str, Any]] | None = None
+    timeline: Timeline | None = None  # the steps of the restore in progress
+    delivered: asyncio.Event = field(default_factory=asyncio.Event)  # see Lifecycles.delivered
     autosave: asyncio.Task[Any] | None = None  # the autosave in progress
     stream: Any = None  # the server's own iopub subscription
     joined: asyncio.Event = field(default_factory=asyncio.Event)
@@ -237,6 +247,7 @@ class Lifecycles:
         self.step_hook: Callable[[str, str], Awaitable[None]] | None = None
         self.restore_count = 0
         self._resumes: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()  # see _background
 
     # -- lookups ----------------------------------------------------------------------------
 
@@ -914,38 +925,71 @@ class Lifecycles:
 
     # -- restore ------------------------------------------------------------------------------
 
-    async def ensure_compatible(self, image_id: str) -> None:
+    async def ensure_compatible(self, image_id: str) -> dict[str, Any] | None:
         """Refuse, with the reasons, an image this node cannot restore: before any kernel
-        starts for it."""
+        starts for it. Returns its manifest (None: unreadable or gone)."""
         try:
             manifest = await asyncio.to_thread(self.store.load_manifest, image_id)
         except CkptError:
-            return  # unreadable or gone: the restore itself reports that
+            return None  # unreadable or gone: the restore itself reports that
         problems = (await asyncio.to_thread(compat.assess, manifest, self.node()))[0]
         if problems:
             raise IncompatibleImage(
                 f"image '{manifest['name']}' ({image_id[:12]}) cannot be restored on this "
                 f"node: {'; '.join(problems)}"
             )
+        return manifest
 
-    async def restore(self, kernel_id: str, trigger: str = "message") -> dict[str, Any]:
+    async def restore(
+        self, kernel_id: str, trigger: str = "message", hand_over: bool = False
+    ) -> dict[str, Any]:
         """Start the suspended kernel under its id and restore its image into it. Callers
-        that arrive while a restore runs share it: concurrent reconnects restore once."""
+        that arrive while a restore runs share it: concurrent reconnects restore once.
+
+        With ``hand_over`` (a client waits to run its cell) this returns as soon as the
+        kernel holds its state; the running record is written after that, still under
+        the kernel's lock (the suspended record names the same image meanwhile, so a
+        new server would bring back the same state). Its clients then call
+        :meth:`delivered` once their queued messages are on their way to the kernel."""
         lc = self.kernels.get(kernel_id)
         if lc is None:
             raise SuspendFailed(f"kernel {kernel_id} is not suspended")
         if lc.restore_task is None:
-            task = lc.restore_task = asyncio.ensure_future(self._restore(lc, trigger))
+            ready = lc.restore_ready = asyncio.get_running_loop().create_future()
+            task = lc.restore_task = asyncio.ensure_future(self._restore(lc, trigger, ready))
             task.add_done_callback(lambda _: setattr(lc, "restore_task", None))
-        return await asyncio.shield(lc.restore_task)
+        assert lc.restore_ready is not None
+        return await asyncio.shield(lc.restore_ready if hand_over else lc.restore_task)
 
-    async def _restore(self, lc: KernelLifecycle, trigger: str) -> dict[str, Any]:
-        async with lc.lock:
-            return await self._restore_locked(lc, trigger)
+    def delivered(self, kernel_id: str) -> None:
+        """A client's messages that waited for the restore went to the restored kernel."""
+        lc = self.kernels.get(kernel_id)
+        if lc is not None and lc.timeline is not None and not lc.delivered.is_set():
+            lc.timeline.mark("queued messages delivered")
+            lc.delivered.set()
 
-    async def _restore_locked(self, lc: KernelLifecycle, trigger: str) -> dict[str, Any]:
+    async def _restore(
+        self, lc: KernelLifecycle, trigger: str, ready: asyncio.Future[dict[str, Any]]
+    ) -> dict[str, Any]:
+        try:
+            async with lc.lock:
+                report = await self._restore_locked(lc, trigger, ready)
+        except BaseException as exc:
+            lc.timeline = None
+            if not ready.done():
+                ready.set_exception(exc)
+                ready.exception()  # retrieved by whoever awaits it, or by no one
+            raise
+        if not ready.done():
+            ready.set_result(report)
+        return report
+
+    async def _restore_locked(
+        self, lc: KernelLifecycle, trigger: str, ready: asyncio.Future[dict[str, Any]]
+    ) -> dict[str, Any]:
         kernel_id, km = lc.kernel_id, self.km
-        started = time.perf_counter()
+        timeline = Timeline()
+        started = timeline.started
         if lc.state is not S.SUSPENDED:
             if lc.has_process:  # restored already, for another client
                 return {"kernel_id": kernel_id, "image_id": None, "error": None}
@@ -953,11 +997,16 @@ class Lifecycles:
         record = lc.record
         assert record is not None
         try:
-            await self.ensure_compatible(record["image_id"])
+            manifest = await self.ensure_compatible(record["image_id"])
         except IncompatibleImage as exc:  # it stays suspended, its image kept
             self.events.failure("restore", kernel_id, trigger, exc, started)
             raise SuspendFailed(str(exc)) from exc
+        timeline.mark("compatibility checked")
+        if manifest is not None:  # the files the restore reads, while the kernel starts
+            self._background(asyncio.to_thread(readahead, self.store, manifest))
         lc.abort = None
+        lc.timeline = timeline
+        lc.delivered = asyncio.Event()
         lc.move("restore")
         token = restoring.set(kernel_id)
         try:
@@ -973,6 +1022,7 @@ class Lifecycles:
             raise SuspendFailed(f"could not start kernel {kernel_id}: {exc}") from exc
         finally:
             restoring.reset(token)
+        timeline.mark("kernel started")
         self.restore_count += 1
         report: dict[str, Any] = {"kernel_id": kernel_id, "image_id": record["image_id"]}
         if lc.recovered is not None:
@@ -984,7 +1034,9 @@ class Lifecycles:
             self._check(lc)
             async with self.progress.watch(kernel_id, "restore") as progress:
                 call = f"restore({record['image_id']!r}, progress={progress!r})"
+                timeline.mark("restore request sent")
                 report.update(await self.rpc.call(kernel_id, call, self.policy.checkpoint_timeout))
+            timeline.kernel_steps(report.pop("steps", {}))
             report["error"] = None
         except Aborted as exc:
             # the shutdown or restart that aborted the restore drops the record
@@ -997,6 +1049,7 @@ class Lifecycles:
         finally:
             lc.abort = None
         await self.rpc.settled(kernel_id)
+        timeline.mark("kernel idle")
         lc.recovered = None
         if report["error"]:
             # The kernel runs without its state; the record stays, and with it the image's
@@ -1008,9 +1061,49 @@ class Lifecycles:
             )
             return report
         lc.move("restored")
+        ready.set_result(report)  # its clients run their cells while the record is written
         await self._restored(lc, record["image_id"])
-        self.events.event("restore", kernel_id, trigger, started, report)
+        timeline.mark("record written")
+        self._background(self._report_restore(lc, trigger, report, timeline, lc.delivered))
         return report
+
+    def _background(self, work: Awaitable[Any]) -> None:
+        """Run ``work`` on its own; its failure is logged, not raised."""
+
+        def done(task: asyncio.Future[Any]) -> None:
+            self._tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                self.log.warning("jupyter-ckpt: %s", task.exception())
+
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(done)
+
+    async def _report_restore(
+        self,
+        lc: KernelLifecycle,
+        trigger: str,
+        report: dict[str, Any],
+        timeline: Timeline,
+        delivered: asyncio.Event,
+    ) -> None:
+        """Emit the restore's event with its timeline, once the clients that waited for
+        it have their messages delivered (or after DELIVERY_WAIT: a client went away)."""
+        if trigger in ("message", "connect"):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(delivered.wait(), DELIVERY_WAIT)
+        if lc.timeline is timeline:
+            lc.timeline = None
+        self.events.event(
+            "restore",
+            lc.kernel_id,
+            trigger,
+            timeline.started,
+            report,
+            timeline=timeline.to_json(),
+            mapped_bytes=report.get("mapped_bytes", 0),
+        )
+        self.log.info("Restored kernel %s:\n%s", lc.kernel_id, timeline.describe())
 
     async def _restored(self, lc: KernelLifecycle, image_id: str) -> None:
         """The kernel now holds the state of ``image_id``: a running record names it at

@@ -185,8 +185,10 @@ class CkptManager(LoggingConfigurable):
         await self.enforce_retention()
         return summary
 
-    async def restore(self, kernel_id: str, trigger: str = "message") -> dict[str, Any]:
-        return await self.lifecycles.restore(kernel_id, trigger)
+    async def restore(
+        self, kernel_id: str, trigger: str = "message", hand_over: bool = False
+    ) -> dict[str, Any]:
+        return await self.lifecycles.restore(kernel_id, trigger, hand_over)
 
     async def enforce_retention(self) -> list[str]:
         return await self.retention.enforce()

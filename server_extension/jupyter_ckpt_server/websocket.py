@@ -235,11 +235,12 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
     async def _restore_and_hand_over(self, trigger: str) -> None:
         handler = self.websocket_handler
         try:
-            report = await self.manager.restore(self.kernel_id, trigger=trigger)
+            report = await self.manager.restore(self.kernel_id, trigger, hand_over=True)
             if not self._closed:
                 await self._hand_over(report)
             elif self._queue:
                 await self._deliver_offline()
+            self.manager.lifecycles.delivered(self.kernel_id)
         except Exception as exc:
             self.log.error("Restore of kernel %s failed: %s", self.kernel_id, exc)
             self._write_error(f"jupyter-ckpt: the kernel could not be started again: {exc}")

@@ -74,9 +74,15 @@ async def test_suspended_kernel_keeps_id_and_session_then_restores_on_execute(
     sessions = await get_json(jp_fetch, "api", "sessions")
     assert [(s["id"], s["kernel"]["id"]) for s in sessions] == [(session_id, kernel_id)]
     # the suspended record goes once the kernel runs again; with autosave on, a running
-    # record names the image it came back from, so a crash now is still recoverable
-    records = manager.records.all()[0]
-    assert [(r["state"], r["image_id"]) for r in records.values()] == [("running", image_id)]
+    # record names the image it came back from, so a crash now is still recoverable (it
+    # is written while the first cell runs: the suspended one names the same image)
+    await poll(
+        lambda: (
+            [(r["state"], r["image_id"]) for r in manager.records.all()[0].values()]
+            == [("running", image_id)]
+        ),
+        what="the running record",
+    )
 
 
 def _alive(pid: int) -> bool:
