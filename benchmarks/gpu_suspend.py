@@ -19,22 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
-from typing import Any
 
 from benchlib import GB, human_size, parse_size, report_check, report_figure
+from benchserver import Server
 from gpu_roundtrip import NO_GPU, cuda_device_count
-from jupyter_client.jsonutil import json_default
-from jupyter_client.session import Session
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-from tornado.websocket import websocket_connect
 
 from jupyter_ckpt.gpu import GpuProbe
 
@@ -62,102 +54,21 @@ CHECK = (
 )
 
 
-class Server:
-    """A jupyter server subprocess with the extension, on a free port."""
-
-    def __init__(self, tmp: Path, device: str) -> None:
-        self.token = uuid.uuid4().hex
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        config = {
-            "ServerApp": {
-                "jpserver_extensions": {"jupyter_ckpt_server": True},
-                "kernel_manager_class": "jupyter_ckpt_server.kernelmanager.CkptKernelManager",
-            },
-            "SuspendPolicy": {"idle_timeout": 86400, "gpu_only": device != "cpu"},
-        }
-        (tmp / "config.json").write_text(json.dumps(config))
-        env = {
-            **os.environ,
-            "JUPYTER_CKPT_STORE": str(tmp / "store"),
-            "JUPYTER_CKPT_SECRET_FILE": str(tmp / "secret"),
-        }
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "jupyter_server", f"--config={tmp / 'config.json'}",
-                f"--port={self.port}", "--no-browser", f"--ServerApp.root_dir={tmp}",
-                f"--IdentityProvider.token={self.token}", "--ServerApp.log_level=WARN",
-                "--allow-root",
-            ],
-            env=env,
-        )  # fmt: skip
-        self.http = AsyncHTTPClient()
-
-    async def api(self, method: str, path: str, body: Any = None, timeout: float = 600) -> Any:
-        request = HTTPRequest(
-            f"http://127.0.0.1:{self.port}/api/{path}",
-            method=method,
-            body=None if body is None else json.dumps(body),
-            headers={"Authorization": f"token {self.token}"},
-            request_timeout=timeout,
-        )
-        response = await self.http.fetch(request)
-        return json.loads(response.body) if response.body else None
-
-    async def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                await self.api("GET", "status", timeout=2)
-                return
-            except (OSError, HTTPClientError):
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise RuntimeError("the jupyter server did not start") from None
-                await asyncio.sleep(0.2)
-
-    async def execute(self, kernel_id: str, code: str) -> tuple[float, str]:
-        """Run a cell over a fresh websocket: (seconds until its reply, its stdout)."""
-        session = Session()
-        ws = await websocket_connect(
-            HTTPRequest(
-                f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
-                f"?session_id={session.session}",
-                headers={"Authorization": f"token {self.token}"},
-            )
-        )
-        msg = session.msg("execute_request", {"code": code, "silent": False})
-        started = time.perf_counter()
-        ws.write_message(json.dumps({**msg, "channel": "shell"}, default=json_default))
-        out, reply_at, idle = [], None, False
-        # the shell reply and the iopub idle status come on different sockets, in any order
-        while reply_at is None or not idle:
-            incoming = json.loads(await ws.read_message())
-            if incoming["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
-                continue
-            content = incoming["content"]
-            if incoming["channel"] == "shell":
-                reply_at = time.perf_counter()
-                if content["status"] != "ok":
-                    raise RuntimeError(f"{content['ename']}: {content['evalue']}")
-            elif incoming["msg_type"] == "stream":
-                out.append(content["text"])
-            elif incoming["msg_type"] == "status":
-                idle = content["execution_state"] == "idle"
+async def execute(server: Server, kernel_id: str, code: str) -> tuple[float, str]:
+    """Run a cell over a fresh websocket: (seconds until its reply, its stdout)."""
+    ws = await server.connect(kernel_id)
+    try:
+        return await server.execute(ws, code)
+    finally:
         ws.close()
-        return reply_at - started, "".join(out)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(30)
 
 
 async def run(size: int, device: str, tmp: Path) -> None:
-    server = Server(tmp, device)
+    server = Server(tmp, f"c.SuspendPolicy.gpu_only = {device != 'cpu'}\n")
     try:
         await server.wait_ready()
         kernel_id = (await server.api("POST", "kernels", {"name": "python3"}))["id"]
-        _, out = await server.execute(kernel_id, SETUP.format(device=device, size=size))
+        _, out = await execute(server, kernel_id, SETUP.format(device=device, size=size))
         facts = json.loads(out.strip().splitlines()[-1])
         probe = GpuProbe()
 
@@ -168,7 +79,7 @@ async def run(size: int, device: str, tmp: Path) -> None:
             await asyncio.sleep(0.01)
         freed_s = time.perf_counter() - started
 
-        restore_s, out = await server.execute(kernel_id, CHECK)
+        restore_s, out = await execute(server, kernel_id, CHECK)
         back = json.loads(out.strip().splitlines()[-1])
         ok = abs(back["checksum"] - facts["checksum"]) <= 1e-6 * abs(facts["checksum"])
     finally:

@@ -160,7 +160,7 @@ class Mapper:
         return view
 
 
-def _read_ahead(path: str) -> None:
+def read_ahead(path: str) -> None:
     """Ask the page cache for the file without waiting for it."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -192,7 +192,7 @@ class Checker:
             chunks = list(self.chunks.items())
             try:
                 for _, (path, _) in chunks:  # the disk reads them all at its pace meanwhile
-                    _read_ahead(path)
+                    read_ahead(path)
                 for digest, (path, size) in chunks:
                     self._check(digest, path, size)
             finally:

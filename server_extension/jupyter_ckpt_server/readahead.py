@@ -26,7 +26,7 @@ from typing import Any
 from jupyter_ckpt.store import ImageStore
 from jupyter_ckpt.store.backends import LocalBackend
 from jupyter_ckpt.store.layout import chunk_path
-from jupyter_ckpt.store.mapping import large_buffers
+from jupyter_ckpt.store.mapping import large_buffers, read_ahead
 
 # What ``jupyter_ckpt.kernel`` imports that a fresh kernel has not imported already.
 KERNEL_MODULES = ("jupyter_ckpt", "blake3", "cloudpickle", "cryptography", "psutil")
@@ -76,14 +76,5 @@ def readahead(store: ImageStore, manifest: dict[str, Any]) -> int:
     packages = manifest.get("environment", {}).get("packages", {})
     files = [*image_files(store, manifest), *module_files([*KERNEL_MODULES, *packages])]
     for path in files:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        read_ahead(path)
     return len(files)
