@@ -140,11 +140,15 @@ def assert_inside(inner: Locator, outer: Locator) -> None:
     assert b["x"] <= a["x"] and a["x"] + a["width"] <= b["x"] + b["width"] + 0.5, (a, b)
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll the server (a few times a second, not to load it) until ``condition`` holds."""
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str | Callable[[], str]
+) -> None:
+    """Poll the server (a few times a second, not to load it) until ``condition`` holds.
+    ``what`` may be a callable: then it describes the state at the timeout."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(0.25)
 
 

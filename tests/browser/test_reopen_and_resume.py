@@ -68,7 +68,14 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
 
     # JupyterLab reconnects to all three and asks for kernel info, comm info and history
     page.reload()
-    wait_until(lambda: all(connections(lab, k) > 0 for k in kernels), 90, "reconnects")
+    wait_until(
+        lambda: all(connections(lab, k) > 0 for k in kernels),
+        90,
+        lambda: (
+            f"reconnects; connections now {[connections(lab, k) for k in kernels]} "
+            f"to {kernels} (the console's: {console}), sessions {lab.api('GET', 'api/sessions')}"
+        ),
+    )
     tabs = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab")
     status = page.locator(STATUS)
     # a console's kernel has its status item too
