@@ -60,14 +60,24 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # kernels and servers are shared), the browser tests as one group, and the longest groups
 # first, so that no worker is left with a long file at the end. Seconds, roughly, on 2 cores.
 # The browser group comes last whatever its length: Playwright's sync API leaves its event
-# loop behind in the worker, where no async test may run after it.
+# loop behind in the worker, where no async test may run after it. The contract test's two
+# runs of jupyter_server's own tests share nothing: each is a group of its own.
 _LAST = "tests/browser"
+_CONTRACT = "tests/server/test_kernels_api_contract.py"
 _LONG_GROUPS = {
-    "tests/server/test_kernels_api_contract.py": 240,
-    "tests/server/test_server_lifecycle_stateful.py": 150,
-    "tests/server/test_server_soak.py": 120,
+    "tests/server/test_server_stop_paths.py": 200,
+    "tests/server/test_server_lifecycle_seams.py": 160,
+    f"{_CONTRACT}::test_jupyter_server_tests_pass_with_ckpt_kernel_manager[kernels]": 130,
+    "tests/server/test_server_crash.py": 130,
+    "tests/test_cli.py": 120,
+    "tests/test_corpus.py": 110,
+    f"{_CONTRACT}::test_jupyter_server_tests_pass_with_ckpt_kernel_manager[sessions]": 100,
     "tests/hub": 90,
-    "tests/test_corpus.py": 90,
+    "tests/server/test_server_lifecycle_stateful.py": 80,
+    "tests/server/test_server_idle_work.py": 70,
+    "tests/test_faults.py": 70,
+    "tests/server/test_server_soak.py": 60,
+    "tests/test_typing.py": 55,
 }
 
 
@@ -76,6 +86,8 @@ def _group(item: pytest.Item) -> str:
     for shared in ("tests/browser", "tests/hub"):  # session-wide servers: one worker
         if path.startswith(shared + "/"):
             return shared
+    if path == _CONTRACT:
+        return f"{path}::{item.name}"
     return path
 
 

@@ -31,10 +31,15 @@ def test_python_takes_its_version_from_package_json() -> None:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     """A wheel built from this checkout as a release builds it (npm runs unless the
-    production bundle is already there)."""
+    production bundle is already there). It is built from a copy: the production build
+    replaces the labextension in place, which the browser tests load meanwhile."""
     out = tmp_path_factory.mktemp("dist")
+    source = tmp_path_factory.mktemp("source") / ROOT.name
+    unwanted = (".git", ".venv", "node_modules", "__pycache__", ".mypy_cache", "test-output")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*unwanted), symlinks=True)
+    (source / "node_modules").symlink_to(ROOT / "node_modules")
     result = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(ROOT)],
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(source)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -2,8 +2,8 @@
 of the installed jupyter_server, pass with CkptKernelManager and the extension enabled
 (``contract_plugin.py``), as they do with the stock kernel manager.
 
-The sdist is downloaded once from PyPI (which must be reachable) and kept in pytest's cache
-directory; only its ``tests/`` are used, against the installed jupyter_server.
+The sdist is downloaded from PyPI (which must be reachable); only its ``tests/`` are used,
+against the installed jupyter_server.
 """
 
 from __future__ import annotations
@@ -46,17 +46,13 @@ def download_sdist(name: str, version: str, directory: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server_tests(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The root of jupyter_server's sdist (its ``tests/`` and ``pyproject.toml``), kept in
-    pytest's cache when the cache is on (``-p no:cacheprovider`` turns it off)."""
-    name = f"jupyter_server-{VERSION}-sdist"
-    pytest_cache = getattr(request.config, "cache", None)
-    cache = Path(pytest_cache.mkdir(name) if pytest_cache else tmp_path_factory.mktemp(name))
-    root = cache / f"jupyter_server-{VERSION}"
-    if (root / "tests" / "services").is_dir():
-        return root
+def server_tests(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The root of jupyter_server's sdist (its ``tests/`` and ``pyproject.toml``), in a
+    directory of each test process's own (the two runs may go to different workers)."""
+    cache = tmp_path_factory.mktemp("jupyter_server-sdist")
     with tempfile.TemporaryDirectory() as download:
         sdist = download_sdist("jupyter_server", VERSION, Path(download))
+        root = cache / f"jupyter_server-{VERSION}"
         with tarfile.open(sdist) as tar:
             wanted = [
                 m
