@@ -352,11 +352,10 @@ MUTANTS = [
     ),
     Mutant(
         "unchanged-ignores-data",
-        f"{SERVER}/lifecycle.py",
-        '_CONTENT = ("kernel", "variables", "imports", "groups", "excluded", "devices", '
-        '"environment")',
-        '_CONTENT = ("variables", "imports", "excluded", "devices", "environment")',
-        (SUSPEND, "tests/server/test_server_records.py"),
+        "jupyter_ckpt/image/identity.py",
+        '    "groups",\n    "segments",\n',
+        '    "groups",\n',
+        (STORE, SUSPEND),
     ),
     Mutant(
         "monitor-ignores-busy",

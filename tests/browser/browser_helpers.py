@@ -22,6 +22,24 @@ def open_notebook(page: Page, lab: Lab, path: str) -> None:
     )
     # a cold JupyterLab on a loaded machine takes more than expect's default 5 s
     expect(page.locator(".jp-NotebookPanel .jp-Cell").first).to_be_visible(timeout=60_000)
+    wait_for_kernel(page, lab, path)
+
+
+def wait_for_kernel(page: Page, lab: Lab, path: str) -> None:
+    """Until the notebook's kernel is started and connected: JupyterLab drops a cell run
+    while its session has no kernel yet (the prompt stays ``[ ]``), and the status bar
+    may read "Idle" a moment before (another document's kernel, as the tab changes)."""
+
+    def connected() -> bool:
+        kernel = next(
+            (s["kernel"] for s in lab.api("GET", "api/sessions") if s["path"] == path), None
+        )
+        if kernel is None:
+            return False
+        kernels = {k["id"]: k for k in lab.api("GET", "api/kernels")}
+        return kernels.get(kernel["id"], {}).get("connections", 0) > 0
+
+    wait_until(connected, 90, f"a connected kernel for {path}")
     # the status bar names the kernel once it is started: "Python 3 (ipykernel) | Idle"
     expect(page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)).to_be_visible(
         timeout=90_000

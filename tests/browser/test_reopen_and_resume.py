@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import psutil
 from browser_helpers import (
-    KERNEL_IDLE,
     STATUS,
     SUSPENDED,
     ckpt_state,
@@ -19,6 +18,7 @@ from browser_helpers import (
     screenshot,
     suspend_idle,
     toast,
+    wait_for_kernel,
     wait_until,
 )
 from browser_lab import RESTORE_WAIT, Lab
@@ -53,9 +53,7 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     page.goto(f"{lab.url}/lab/workspaces/{second.replace('.', '-')}/tree/{first}")
     current_tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.jp-mod-current")
     expect(current_tab).to_contain_text(first, timeout=60_000)
-    expect(page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)).to_be_visible(
-        timeout=90_000
-    )
+    wait_for_kernel(page, lab, first)
     run_cell(page, "a = 1")
     open_console(page)
     expect(current_tab).to_contain_text("Console")
