@@ -33,6 +33,7 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
+from .lifecycle import State
 from .startup import records_loaded
 
 V1 = "v1.kernel.websocket.jupyter.org"
@@ -131,8 +132,12 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         # message type), so say "idle" on our own, as the server says "restarting": the
         # notebook must not look dead while its kernel is suspended.
         self._send("iopub", self.session.msg("status", {"execution_state": "idle"}))
-        if self.manager.policy.restore_on == "connect":
-            # restore after the handshake: browsers give up on slow websocket upgrades
+        restoring = self.manager.lifecycles.state(self.kernel_id) is State.RESTORING
+        if self.manager.policy.restore_on == "connect" or restoring:
+            # restore after the handshake: browsers give up on slow websocket upgrades. A
+            # restore under way (another socket's cell, maybe this client's own before
+            # its socket dropped) is joined: this socket is handed over with the others,
+            # and gets the replies kept for its session, rather than wait for a message.
             self._start_restore("connect")
 
     def disconnect(self) -> None:  # type: ignore[override]
