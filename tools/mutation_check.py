@@ -354,7 +354,7 @@ MUTANTS = [
         "unchanged-ignores-data",
         "jupyter_ckpt/image/identity.py",
         '    "groups",\n    "segments",\n',
-        '    "groups",\n',
+        "",  # neither where the bytes are nor how they group: blind to the data
         (STORE, SUSPEND),
     ),
     Mutant(
@@ -403,8 +403,9 @@ MUTANTS = [
     Mutant(
         "autosave-recorded-before-verify",
         f"{SERVER}/lifecycle.py",
-        '                written = summary["id"]\n                try:\n',
-        '                written = summary["id"]\n'
+        '                written = None if summary.get("unchanged") else summary["id"]\n'
+        "                try:\n",
+        '                written = None if summary.get("unchanged") else summary["id"]\n'
         "                await self._put(\n"
         '                    lc, await self._running_record(lc, summary, "autosave", now_iso())\n'
         "                )\n"
