@@ -814,8 +814,6 @@ class Lifecycles:
         if lc.state is S.GONE or not km.has_process(kernel_id):
             raise NothingToSave(f"kernel {kernel_id} is not running")
         kernel = km.get_kernel(kernel_id)
-        if kernel.execution_state == "busy":
-            raise SuspendFailed("the kernel is busy")
         if not await ensure_async(kernel.is_alive()):
             raise NothingToSave("the kernel's process has died: there is no state to save")
         previous = lc.record
@@ -828,6 +826,9 @@ class Lifecycles:
         try:
             # After every await up to the shutdown, a client message, restart, interrupt
             # or shutdown that arrived meanwhile aborts the suspend (see settle()).
+            if await self.rpc.busy(kernel_id):
+                raise SuspendFailed("the kernel is busy")
+            self._check(lc)
             await self._step("kernel_info", kernel_id)
             info = await self.rpc.request(kernel_id, "kernel_info", self._timeout(deadline))
             lc.kernel_info = info
@@ -865,10 +866,10 @@ class Lifecycles:
             # on the shell channel, which no websocket sees), whose execute_input it has
             # published by then.
             await self.rpc.request(kernel_id, "kernel_info", self._timeout(deadline))
-            await self.rpc.settled(kernel_id)
+            busy = await self.rpc.busy(kernel_id)
             # the last checks: no await from here until the process is told to stop
             self._check(lc)
-            if lc.cells != cells or kernel.execution_state == "busy":
+            if lc.cells != cells or busy:
                 raise Aborted("a client ran a cell while the kernel was being suspended")
         except (SuspendFailed, CkptError, OSError) as exc:
             lc.state = was

@@ -12,6 +12,7 @@ import asyncio
 import json
 import queue
 import time
+from collections import Counter
 from typing import Any
 
 from jupyter_client.session import Session
@@ -22,6 +23,9 @@ from jupyter_ckpt.gpu import GpuProbe, GpuSnapshot, GpuUsage
 
 # seconds between two checks that a kernel we wait for is still alive
 _LIVENESS_POLL = 1.0
+# seconds after our request's reply within which the kernel's idle status (on iopub,
+# which may lag the shell reply) may still be on its way to the server
+_STATUS_LAG = 1.0
 
 _CALL = "__import__('json').dumps(__import__('jupyter_ckpt.kernel').kernel.{call})"
 
@@ -50,11 +54,23 @@ class KernelRPC:
     def __init__(self, kernel_manager: Any, probe: GpuProbe) -> None:
         self.kernel_manager = kernel_manager
         self.probe = probe
+        self._in_flight: Counter[str] = Counter()  # our requests now, per kernel
+        self._ended: dict[str, float] = {}  # when our last request to a kernel ended
 
     async def request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
         """Send one shell request on a private client and return its reply's content.
         Fails as soon as the kernel's process dies or is replaced (an automatic restart
         loses the state and the request with it), not only after ``timeout``."""
+        self._in_flight[kernel_id] += 1
+        try:
+            return await self._request(kernel_id, send, timeout, **kw)
+        finally:
+            self._in_flight[kernel_id] -= 1
+            if not self._in_flight[kernel_id]:
+                del self._in_flight[kernel_id]
+            self._ended[kernel_id] = time.monotonic()
+
+    async def _request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
         kernel = self.kernel_manager.get_kernel(kernel_id)
         pid = self.pid(kernel_id)
         # Its own session: kernel.client() copies the manager's, so two calls at once (an
@@ -119,6 +135,20 @@ class KernelRPC:
     def gpu_usage(self, kernel_id: str, snapshot: GpuSnapshot | None = None) -> GpuUsage:
         pid = self.pid(kernel_id)
         return self.probe.usage(pid, snapshot) if pid else GpuUsage()
+
+    async def busy(self, kernel_id: str, timeout: float = 5) -> bool:
+        """Whether the kernel is busy with a client's request. Our own silent calls (an
+        activity check, the start of an autosave) make the server see it busy too, for
+        moments: those are waited out, so that they never refuse or abort a suspend."""
+        kernel = self.kernel_manager.get_kernel(kernel_id)
+        deadline = time.monotonic() + timeout
+        while kernel.execution_state == "busy" and time.monotonic() < deadline:
+            if not self._in_flight[kernel_id]:
+                ended = self._ended.get(kernel_id, float("-inf"))
+                if time.monotonic() - ended > _STATUS_LAG:
+                    break  # not ours: a client's cell
+            await asyncio.sleep(0.01)
+        return kernel.execution_state == "busy"
 
     async def settled(self, kernel_id: str, timeout: float = 10) -> None:
         """Wait until the server has seen the kernel go idle after our silent call. Until

@@ -398,7 +398,7 @@ async def test_a_cell_sent_over_zmq_during_a_suspend_is_not_killed(
     assert reply["content"]["status"] == "ok", reply["content"]
 
 
-# -- 8. what an autosave leaves in the kernel's temporary directory ---------------------------
+# -- 9. what an autosave leaves in the kernel's temporary directory ---------------------------
 
 
 async def test_a_shut_down_kernel_leaves_no_autosave_directory(tmp_path):
@@ -418,7 +418,7 @@ async def test_a_shut_down_kernel_leaves_no_autosave_directory(tmp_path):
     assert sorted(p.name for p in kernel_tmp.glob("ckpt-autosave-*")) == []
 
 
-# -- 8. an automatic restart after the kernel's process died ---------------------------------
+# -- 10. an automatic restart after the kernel's process died ---------------------------------
 
 
 def kernel_process(server: ServerProcess, kernel_id: str) -> psutil.Process | None:
@@ -465,7 +465,7 @@ async def test_an_automatic_restart_keeps_the_autosave_of_the_state_it_lost(tmp_
     assert "x" in names
 
 
-# -- 8. two named servers of one user on one store -------------------------------------------
+# -- 11. two named servers of one user on one store -------------------------------------------
 
 
 def named_server(tmp: Path, name: str, store: Path) -> ServerProcess:
@@ -497,3 +497,38 @@ async def test_named_servers_on_one_store_do_not_take_each_others_kernels(tmp_pa
             second.terminate()
     finally:
         first.terminate()
+
+
+# -- 12. the server's own silent call to a kernel when a suspend arrives ----------------------
+
+
+async def test_a_suspend_waits_out_the_servers_own_call_but_not_a_cells(jp_fetch, connect, manager):
+    """The server's own silent calls (an activity check, the start of an autosave) make
+    the kernel look busy for a moment: a suspend arriving then waits it out and succeeds.
+    A client's cell still makes it refuse, at once."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    suspend = ("api", "ckpt", "kernels", kernel_id, "suspend")
+
+    async def busy() -> bool:
+        model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+        return model["execution_state"] == "busy"
+
+    cell = client.send("execute_request", {"code": "import time\ntime.sleep(3)", "silent": False})
+    await poll(busy, what="the server to see the cell running")
+    status, body = await status_of(jp_fetch(*suspend, method="POST", body=""))
+    assert (status, "busy" in body["message"]) == (409, True), body
+    await client.reply_to(cell, timeout=30)
+    client.close()
+
+    own = asyncio.ensure_future(
+        manager.rpc.request(
+            kernel_id, "execute", 30, code="import time\ntime.sleep(1)", silent=True
+        )
+    )
+    await poll(busy, what="the server to see its own call running")
+    status, body = await status_of(jp_fetch(*suspend, method="POST", body=""))
+    await own
+    assert status == 200, body
+    assert await value_in(connect, kernel_id, "x") == "41"
