@@ -941,26 +941,36 @@ class Lifecycles:
             )
         return manifest
 
-    async def restore(
+    def restore(
         self, kernel_id: str, trigger: str = "message", hand_over: bool = False
-    ) -> dict[str, Any]:
+    ) -> asyncio.Future[dict[str, Any]]:
         """Start the suspended kernel under its id and restore its image into it. Callers
         that arrive while a restore runs share it: concurrent reconnects restore once.
+        The restore is under way from this call on, before anything awaits it, so that
+        a client connecting meanwhile sees it (:meth:`restore_under_way`) and joins it.
 
-        With ``hand_over`` (a client waits to run its cell) this returns as soon as the
-        kernel holds its state; the running record is written after that, still under
+        With ``hand_over`` (a client waits to run its cell) the future is done as soon as
+        the kernel holds its state; the running record is written after that, still under
         the kernel's lock (the suspended record names the same image meanwhile, so a
         new server would bring back the same state). Its clients then call
         :meth:`delivered` once their queued messages are on their way to the kernel."""
+        loop = asyncio.get_running_loop()
         lc = self.kernels.get(kernel_id)
         if lc is None:
-            raise SuspendFailed(f"kernel {kernel_id} is not suspended")
+            failed = loop.create_future()
+            failed.set_exception(SuspendFailed(f"kernel {kernel_id} is not suspended"))
+            return failed
         if lc.restore_task is None:
-            ready = lc.restore_ready = asyncio.get_running_loop().create_future()
+            ready = lc.restore_ready = loop.create_future()
             task = lc.restore_task = asyncio.ensure_future(self._restore(lc, trigger, ready))
             task.add_done_callback(lambda _: setattr(lc, "restore_task", None))
         assert lc.restore_ready is not None
-        return await asyncio.shield(lc.restore_ready if hand_over else lc.restore_task)
+        return asyncio.shield(lc.restore_ready if hand_over else lc.restore_task)
+
+    def restore_under_way(self, kernel_id: str) -> bool:
+        """Whether a restore of the kernel was asked for and has not ended."""
+        lc = self.kernels.get(kernel_id)
+        return lc is not None and (lc.restore_task is not None or lc.state is S.RESTORING)
 
     def delivered(self, kernel_id: str) -> None:
         """A client's messages that waited for the restore went to the restored kernel."""
@@ -998,6 +1008,7 @@ class Lifecycles:
         record = lc.record
         assert record is not None
         try:
+            await self._step("compatibility", kernel_id)
             manifest = await self.ensure_compatible(record["image_id"])
         except IncompatibleImage as exc:  # it stays suspended, its image kept
             self.events.failure("restore", kernel_id, trigger, exc, started)

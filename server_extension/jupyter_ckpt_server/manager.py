@@ -13,6 +13,7 @@ call the methods below, which go straight to those parts.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -185,10 +186,10 @@ class CkptManager(LoggingConfigurable):
         await self.enforce_retention()
         return summary
 
-    async def restore(
+    def restore(
         self, kernel_id: str, trigger: str = "message", hand_over: bool = False
-    ) -> dict[str, Any]:
-        return await self.lifecycles.restore(kernel_id, trigger, hand_over)
+    ) -> asyncio.Future[dict[str, Any]]:
+        return self.lifecycles.restore(kernel_id, trigger, hand_over)
 
     async def enforce_retention(self) -> list[str]:
         return await self.retention.enforce()

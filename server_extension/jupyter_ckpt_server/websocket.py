@@ -33,7 +33,6 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
-from .lifecycle import State
 from .startup import records_loaded
 
 V1 = "v1.kernel.websocket.jupyter.org"
@@ -132,7 +131,7 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         # message type), so say "idle" on our own, as the server says "restarting": the
         # notebook must not look dead while its kernel is suspended.
         self._send("iopub", self.session.msg("status", {"execution_state": "idle"}))
-        restoring = self.manager.lifecycles.state(self.kernel_id) is State.RESTORING
+        restoring = self.manager.lifecycles.restore_under_way(self.kernel_id)
         if self.manager.policy.restore_on == "connect" or restoring:
             # restore after the handshake: browsers give up on slow websocket upgrades. A
             # restore under way (another socket's cell, maybe this client's own before
@@ -204,7 +203,10 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
     def _start_restore(self, trigger: str) -> None:
         if self._upgrade is None:
             self._unconnected.setdefault(self.kernel_id, set()).add(self)
-            self._upgrade = asyncio.ensure_future(self._restore_and_hand_over(trigger))
+            # started here, not in the task: a client connecting before the task runs
+            # must see the restore under way
+            restored = self.manager.restore(self.kernel_id, trigger, hand_over=True)
+            self._upgrade = asyncio.ensure_future(self._restore_and_hand_over(restored))
 
     def _connected_to_kernel(self) -> None:
         """Leave the kernel's unconnected set; the last one out releases the others."""
@@ -237,10 +239,10 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         self._send(channel, self.session.msg(msg_type, content, parent=header))
         self._send("iopub", self.session.msg("status", {"execution_state": "idle"}, parent=header))
 
-    async def _restore_and_hand_over(self, trigger: str) -> None:
+    async def _restore_and_hand_over(self, restored: asyncio.Future[dict[str, Any]]) -> None:
         handler = self.websocket_handler
         try:
-            report = await self.manager.restore(self.kernel_id, trigger, hand_over=True)
+            report = await restored
             if not self._closed:
                 await self._hand_over(report)
             elif self._queue:
@@ -278,8 +280,8 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         """The socket closed during the restore, with the user's messages queued (a
         network blip while the kernel came back): send them to the kernel anyway, on the
         same session, and buffer the replies for the client's reconnect, as the server
-        does for a running kernel's socket that drops. A reconnect that arrives first
-        gets them on its live connection."""
+        does for a running kernel's socket that drops. A reconnect that arrived first
+        gets them on its live connection, or with its own if it is still handing over."""
         from jupyter_server.services.kernels.connection.channels import (
             ZMQChannelsWebsocketConnection,
         )
@@ -309,6 +311,12 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
                     stream.close()
         if live is not None:
             connection = live.connection
+            if isinstance(connection, SuspendedConnection):
+                # a reconnect that joined the restore and is handing over: it replays
+                # these first, before its own, on the session's new connection
+                connection._queue[:0] = self._queue
+                self._queue.clear()
+                return
             deadline = asyncio.get_running_loop().time() + 30
             while not connection.channels and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.05)  # the reconnect is still opening its streams

@@ -284,6 +284,31 @@ async def test_a_cell_sent_before_the_websocket_dropped_is_answered_on_reconnect
     assert reply["content"]["status"] == "ok", reply["content"]
 
 
+async def test_a_socket_reconnecting_before_the_restore_starts_its_kernel_joins_it(
+    jp_fetch, connect, manager
+):
+    """As above, with the new socket open before the restore has started the kernel's
+    process (while it checks the image's compatibility): it joins the restore, and gets
+    the reply without sending anything."""
+    _, kernel_id = await suspended_kernel(jp_fetch, connect)
+    first = await connect(kernel_id)
+    session_id = first.session.session
+    second: list[Any] = []
+
+    async def reconnect() -> None:
+        first.close()
+        second.append(await connect(kernel_id, session_id=session_id))
+
+    held = at_step(manager, "compatibility", reconnect)
+    msg_id = first.send("execute_request", {"code": "x + 1", "silent": False})
+    await poll(lambda: held, timeout=60, what="the reconnect during the restore")
+    try:
+        reply = await second[0].reply_to(msg_id, timeout=60)
+    except asyncio.TimeoutError:
+        pytest.fail("a socket that reconnected before the restore started got no reply")
+    assert reply["content"]["status"] == "ok", reply["content"]
+
+
 # -- 5. the old id of a suspended kernel that was shut down ----------------------------------
 
 
