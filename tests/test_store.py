@@ -105,10 +105,12 @@ def test_identical_save_writes_nothing(store: ImageStore) -> None:
 
 
 def test_a_save_of_the_newest_images_state_commits_no_image(store: ImageStore) -> None:
-    """Given the newest image, a save of the same state returns it and commits nothing;
-    a value that changed but kept its size (3 -> 4) is a new state: the comparison goes
-    by the chunks' digests, not by the variables' facts."""
-    namespace: dict[str, Any] = {"a": np.ones(3 << 20), "w": 3}
+    """Given the newest image, a save of the same state returns it and commits nothing.
+    A state whose variables keep their facts (type, shape, preview) is still a new state
+    when their bytes changed: one element in the middle of an array (a new chunk), or
+    two arrays swapped (every chunk is in the store already): the comparison goes by
+    where each variable's bytes are, not by the variables' facts."""
+    namespace: dict[str, Any] = {"a": np.ones(3 << 20), "b": np.zeros(3 << 20), "w": 3}
 
     def capture(newest: dict[str, Any] | None) -> dict[str, Any]:
         return image.capture(
@@ -120,10 +122,16 @@ def test_a_save_of_the_newest_images_state_commits_no_image(store: ImageStore) -
     again = capture(store.open(first["id"]))
     assert again["id"] == first["id"] and again["unchanged"]
     assert store.image_ids() == [first["id"]]
-    namespace["w"] = 4
+    namespace["a"][1 << 20] = 2.0
     changed = capture(store.open(first["id"]))
     assert changed["id"] != first["id"] and "unchanged" not in changed
     assert sorted(store.image_ids()) == sorted([first["id"], changed["id"]])
+    assert load_namespace(store, changed["id"])["a"][1 << 20] == 2.0
+    namespace["a"], namespace["b"] = namespace["b"], namespace["a"]
+    swapped = capture(store.open(changed["id"]))
+    assert swapped["id"] not in (first["id"], changed["id"]) and "unchanged" not in swapped
+    assert swapped["sizes"]["written"] == 0, "the swap's chunks were all in the store"
+    assert load_namespace(store, swapped["id"])["b"][1 << 20] == 2.0
 
 
 def test_repeated_chunks_in_one_image_written_once(store: ImageStore) -> None:
