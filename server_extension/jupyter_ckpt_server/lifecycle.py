@@ -97,6 +97,16 @@ restoring: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+async def _until(condition: Callable[[], bool], timeout: float) -> None:
+    """Wait for ``condition``, which no event announces (the server's own view of a
+    kernel); asyncio.TimeoutError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise asyncio.TimeoutError
+        await asyncio.sleep(0.01)
+
+
 class State(str, enum.Enum):
     RUNNING = "running"
     AUTOSAVING = "autosaving"
@@ -440,17 +450,24 @@ class Lifecycles:
         A ZMQ subscriber misses what the kernel publishes before its subscription reaches
         the kernel (the "slow joiner"): a first cell run meanwhile would go unseen. As
         jupyter_server's websocket does, ask for kernel info until a message arrives; the
-        reply is kept for the kernel's record."""
+        reply is kept for the kernel's record. The server's own activity watch must have
+        seen one too (the kernel then reads "idle", not "starting"): otherwise its state
+        would change under a client between two requests, whenever the status came."""
         lc = self.kernels.setdefault(kernel_id, KernelLifecycle(kernel_id, S.RUNNING))
         lc.launch = launch
+        kernel = self.km.get_kernel(kernel_id)
         deadline = time.monotonic() + JOIN_TIMEOUT
-        while lc.stream is not None and not lc.joined.is_set():
+
+        def joined() -> bool:
+            return lc.joined.is_set() and getattr(kernel, "execution_state", "") != "starting"
+
+        while lc.stream is not None and not joined():
             left = deadline - time.monotonic()
             try:
                 if left <= 0:
                     raise SuspendFailed(f"no message within {JOIN_TIMEOUT:.0f} s")
                 lc.kernel_info = await self.rpc.request(kernel_id, "kernel_info", left)
-                await asyncio.wait_for(lc.joined.wait(), min(JOIN_NUDGE_SECONDS, left))
+                await _until(joined, min(JOIN_NUDGE_SECONDS, left))
             except asyncio.TimeoutError:
                 continue
             except SuspendFailed as exc:

@@ -240,7 +240,15 @@ class ServerProcess:
         await poll(self._ready, timeout=60, what="the server to start")
 
     async def _ready(self) -> bool:
-        assert self.process is not None and self.process.poll() is None, "the server exited"
+        """Serving, on the port its info file names: another process may have taken the
+        free port picked for it meanwhile, and the server then listens on another."""
+        process = self.process
+        assert process is not None and process.poll() is None, "the server exited"
+        info = Path(self.env["JUPYTER_RUNTIME_DIR"]) / f"jpserver-{process.pid}.json"
+        try:
+            self.port = json.loads(info.read_text())["port"]
+        except (OSError, ValueError, KeyError):
+            return False
         try:
             await self.get("status")
         except (OSError, HTTPClientError):
