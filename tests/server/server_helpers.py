@@ -181,11 +181,18 @@ def stored_record(tmp: Path, kernel_id: str) -> dict[str, Any] | None:
         return None
 
 
+# the server alone: the other extensions of the environment only slow its start
+OTHER_EXTENSIONS_OFF = dict.fromkeys(
+    ("jupyterlab", "jupyter_lsp", "jupyter_server_terminals", "notebook_shim"), False
+)
+
+
 class ServerProcess:
     """`jupyter server` with the extension on a private store and sessions database.
 
     ``policy`` adds SuspendPolicy settings, ``env`` environment variables, ``extensions``
-    turns other server extensions on or off (off, a server starts faster); ``start()``
+    turns other server extensions on (the environment's JupyterLab, LSP, terminals and
+    notebook shim are off unless asked for: they double a server's start); ``start()``
     takes Popen arguments (a terminal as stdin, a new session) for the stop paths."""
 
     # the servers of the running test: a failing test's report shows their logs
@@ -205,7 +212,11 @@ class ServerProcess:
             self.port = s.getsockname()[1]
         config = {
             "ServerApp": {
-                "jpserver_extensions": {**(extensions or {}), "jupyter_ckpt_server": True},
+                "jpserver_extensions": {
+                    **OTHER_EXTENSIONS_OFF,
+                    **(extensions or {}),
+                    "jupyter_ckpt_server": True,
+                },
                 "kernel_manager_class": "jupyter_ckpt_server.kernelmanager.CkptKernelManager",
                 "root_dir": str(tmp),
             },

@@ -79,10 +79,6 @@ settings.register_profile("long", max_examples=300, stateful_step_count=12, **_C
 # Autosave soon after a cell, so that a step can wait for it; no idle suspends: the test
 # suspends by itself.
 POLICY = {"autosave_interval": 2, "autosave_idle": 0.5, "check_interval": 0.5}
-# the server alone: the other extensions of the environment only slow its start
-OTHER_EXTENSIONS_OFF = dict.fromkeys(
-    ("jupyterlab", "jupyter_lsp", "jupyter_server_terminals", "notebook_shim"), False
-)
 MAX_KERNELS = 2  # kernels are slow to start on a small machine
 NAMES = ("a", "b", "c")
 NAMESPACE = re.compile(r"^NS=(\{.*\})$", re.MULTILINE)
@@ -156,7 +152,7 @@ class Rig:
         else:
             self.store = Store(Paths(tmp))
             env = self.store.paths.env()
-        self.server = ServerProcess(tmp, POLICY, env, OTHER_EXTENSIONS_OFF)
+        self.server = ServerProcess(tmp, POLICY, env)
 
     def close(self) -> None:
         try:
