@@ -97,6 +97,16 @@ restoring: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+def _record_stale(lc: KernelLifecycle) -> bool:
+    """Whether the kernel's running record misses cells it ran since its image."""
+    record = lc.record
+    return (
+        record is not None
+        and record.get("state") == "running"
+        and record.get("cells_after", []) != lc.executed
+    )
+
+
 async def _until(condition: Callable[[], bool], timeout: float) -> None:
     """Wait for ``condition``, which no event announces (the server's own view of a
     kernel); asyncio.TimeoutError after ``timeout``."""
@@ -328,6 +338,7 @@ class Lifecycles:
         lc.record = record
         if record.get("trigger") != "checkpoint":
             lc.before_checkpoint = None
+        self._schedule_refresh(lc)  # cells that ran while it was written
 
     async def _drop(self, lc: KernelLifecycle) -> None:
         """Remove the kernel's record: only for a state its user gave up."""
@@ -380,29 +391,27 @@ class Lifecycles:
     def _schedule_refresh(self, lc: KernelLifecycle) -> None:
         """Rewrite the running record with the cells run since its image, at most every
         RECORD_REFRESH_SECONDS: a crash then names the cells whose effects are lost."""
-        if lc.refresh is not None or lc.record is None or lc.record.get("state") != "running":
-            return
-        wait = lc.refreshed_at + RECORD_REFRESH_SECONDS - time.monotonic()
+        if lc.refresh is None and _record_stale(lc):
+            lc.refresh = asyncio.ensure_future(self._refresh(lc))
 
-        async def refresh() -> None:
-            try:
-                await asyncio.sleep(max(0.0, wait))
-                if lc.state is S.RUNNING and not lc.lock.locked() and lc.record is not None:
-                    async with lc.lock:
-                        if lc.state is S.RUNNING and lc.record is not None:
-                            record = {
-                                **lc.record,
-                                "cells_after": list(lc.executed),
-                                "alive_at": now_iso(),
-                            }
-                            lc.refreshed_at = time.monotonic()
-                            await self._put(lc, record)
-            except (CkptError, OSError) as exc:
-                self.log.warning("Could not update the record of kernel %s: %s", lc.kernel_id, exc)
-            finally:
-                lc.refresh = None
-
-        lc.refresh = asyncio.ensure_future(refresh())
+    async def _refresh(self, lc: KernelLifecycle) -> None:
+        """Until the record lists every cell: a cell that runs while a record is being
+        written (this one's, or the restore's that replaces the suspended record) is
+        listed by the next round, not lost."""
+        try:
+            while _record_stale(lc):
+                await asyncio.sleep(lc.refreshed_at + RECORD_REFRESH_SECONDS - time.monotonic())
+                async with lc.lock:
+                    if lc.state is not S.RUNNING or not _record_stale(lc):
+                        return
+                    assert lc.record is not None
+                    record = {**lc.record, "cells_after": list(lc.executed), "alive_at": now_iso()}
+                    lc.refreshed_at = time.monotonic()
+                    await self._put(lc, record)
+        except (CkptError, OSError) as exc:
+            self.log.warning("Could not update the record of kernel %s: %s", lc.kernel_id, exc)
+        finally:
+            lc.refresh = None
 
     # -- a kernel process starts -------------------------------------------------------------
 
@@ -1142,6 +1151,7 @@ class Lifecycles:
             manifest = await asyncio.to_thread(self.store.open, image_id)
             summary = {**summarize_save(manifest, 0.0), "written": 0}
             record = await self._running_record(lc, summary, "restore", manifest["created"])
+            await self._step("running-record", lc.kernel_id)
             await self._put(lc, record)
             lc.refreshed_at = time.monotonic()
         except (CkptError, OSError) as exc:

@@ -309,6 +309,31 @@ async def test_a_socket_reconnecting_before_the_restore_starts_its_kernel_joins_
     assert reply["content"]["status"] == "ok", reply["content"]
 
 
+async def test_a_cell_run_while_the_restore_writes_the_record_is_listed_in_it(
+    jp_fetch, connect, manager
+):
+    """The first cell after a restore runs while the restore replaces the suspended
+    record with a running one: the record lists it soon after, so that a crash names the
+    cell whose effects are lost."""
+    _, kernel_id = await suspended_kernel(jp_fetch, connect)
+    lc = manager.lifecycles[kernel_id]
+
+    async def cell_seen() -> None:  # the record is made already; the cell runs now
+        await poll(lambda: lc.executed, timeout=60, what="the cell to run")
+
+    at_step(manager, "running-record", cell_seen)
+    client = await connect(kernel_id)
+    reply, _ = await client.execute("y = x + 1")
+    client.close()
+    count = reply["execution_count"]
+
+    def listed() -> bool:
+        record = fresh_store(manager).records.get(kernel_id)
+        return record["state"] == "running" and record["cells_after"] == [count]
+
+    await poll(listed, timeout=30, what=f"the record to list In[{count}]")
+
+
 # -- 5. the old id of a suspended kernel that was shut down ----------------------------------
 
 
