@@ -56,48 +56,43 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         )
 
 
-# Under pytest-xdist (``-n``), test files go to the workers whole (their module-scoped
-# kernels and servers are shared), the browser tests as one group, and the longest groups
-# first, so that no worker is left with a long file at the end. Seconds, roughly, on 2 cores.
-# The browser group comes last whatever its length: Playwright's sync API leaves its event
-# loop behind in the worker, where no async test may run after it. The contract test's two
-# runs of jupyter_server's own tests share nothing: each is a group of its own.
-_LAST = "tests/browser"
-_CONTRACT = "tests/server/test_kernels_api_contract.py"
-_LONG_GROUPS = {
-    "tests/server/test_server_stop_paths.py": 200,
-    "tests/server/test_server_lifecycle_seams.py": 160,
-    f"{_CONTRACT}::test_jupyter_server_tests_pass_with_ckpt_kernel_manager[kernels]": 130,
-    "tests/server/test_server_crash.py": 130,
-    "tests/test_cli.py": 120,
-    "tests/test_corpus.py": 110,
-    f"{_CONTRACT}::test_jupyter_server_tests_pass_with_ckpt_kernel_manager[sessions]": 100,
-    "tests/hub": 90,
-    "tests/server/test_server_lifecycle_stateful.py": 80,
-    "tests/server/test_server_idle_work.py": 70,
-    "tests/test_faults.py": 70,
-    "tests/server/test_server_soak.py": 60,
+# Under pytest-xdist (``-n``), test files go to the workers whole (``--dist loadfile``: their
+# module-scoped kernels and servers are shared), the longest first, so that no worker is
+# left with a long file at the end. Seconds, roughly, on 2 cores. The browser files come
+# last whatever their length: Playwright's sync API leaves its event loop behind in the
+# worker, where no async test may run after it. (Not ``loadgroup``: pytest 9.2 builds node
+# ids from ``Node._id``, and xdist 3.8 still marks a group by rewriting ``_nodeid``.)
+_LAST = "tests/browser/"
+_LONG_FILES = {
+    "tests/server/test_kernels_api_contract.py": 300,
+    "tests/test_corpus.py": 250,
+    "tests/test_roundtrip.py": 180,
+    "tests/test_faults.py": 130,
+    "tests/test_packaging.py": 120,
+    "tests/server/test_server_idle_work.py": 115,
+    "tests/server/test_server_stop_paths.py": 110,
+    "tests/server/test_server_lifecycle_seams.py": 90,
+    "tests/server/test_server_autosave.py": 80,
+    "tests/server/test_server_crash.py": 80,
+    "tests/hub/test_hub_e2e.py": 75,
+    "tests/server/test_server_soak.py": 55,
     "tests/test_typing.py": 55,
+    "tests/test_cli.py": 55,
+    "tests/server/test_server_idle_libraries.py": 50,
+    # the browser files among themselves
+    "tests/browser/test_saved_sessions.py": 270,
+    "tests/browser/test_reopen_and_resume.py": 160,
 }
 
 
-def _group(item: pytest.Item) -> str:
-    path = Path(str(item.fspath)).relative_to(Path(__file__).parent.parent).as_posix()
-    for shared in ("tests/browser", "tests/hub"):  # session-wide servers: one worker
-        if path.startswith(shared + "/"):
-            return shared
-    if path == _CONTRACT:
-        return f"{path}::{item.name}"
-    return path
+def _file(item: pytest.Item) -> str:
+    return Path(str(item.fspath)).relative_to(Path(__file__).parent.parent).as_posix()
 
 
-@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # one process: the browser tests' own hook puts them last
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    items.sort(key=lambda item: (_group(item) == _LAST, -_LONG_GROUPS.get(_group(item), 0)))
+    items.sort(key=lambda item: (_file(item).startswith(_LAST), -_LONG_FILES.get(_file(item), 0)))
 
 
 @pytest.fixture(scope="module")
