@@ -151,7 +151,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
+
+    # an assertion waits as long as an action may: a save or a suspend behind a check, on
+    # two loaded cores, takes longer than Playwright's default 5 s
+    expect.set_options(timeout=30_000)
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(

@@ -16,9 +16,10 @@ server would and checks the lifecycle's invariant:
 
 Profiles (``JUPYTER_CKPT_STATEFUL_PROFILE``): ``ci`` (the default) runs examples of 6
 steps, 3 on the local store and 2 on S3, without shrinking, so that both fit a CI budget;
-``long`` runs 300 examples of 12 steps and shrinks a failure to a minimal one::
+``long`` runs 300 examples of 12 steps and shrinks a failure to a minimal one (hours on
+2 cores; ``JUPYTER_CKPT_STATEFUL_EXAMPLES=N`` sets another number of examples)::
 
-    JUPYTER_CKPT_STATEFUL_PROFILE=long pytest --timeout=0 -s \\
+    JUPYTER_CKPT_STATEFUL_PROFILE=long pytest --timeout=0 -s -n 0 \\
         tests/server/test_server_lifecycle_stateful.py
 
 Every run prints its seed; ``JUPYTER_CKPT_STATEFUL_SEED=<seed>`` replays it, and a failure
@@ -61,6 +62,7 @@ from jupyter_ckpt.store import ImageStore
 
 PROFILE_ENV = "JUPYTER_CKPT_STATEFUL_PROFILE"
 SEED_ENV = "JUPYTER_CKPT_STATEFUL_SEED"
+EXAMPLES_ENV = "JUPYTER_CKPT_STATEFUL_EXAMPLES"
 _COMMON = {
     "deadline": None,
     "print_blob": True,
@@ -594,6 +596,8 @@ def run_lifecycle(tmp_path: Path, moto: MotoServer | None, examples_in_ci: int) 
     chosen_settings = settings.get_profile(profile)
     if profile == "ci":
         chosen_settings = settings(chosen_settings, max_examples=examples_in_ci)
+    if os.environ.get(EXAMPLES_ENV):
+        chosen_settings = settings(chosen_settings, max_examples=int(os.environ[EXAMPLES_ENV]))
     chosen = int(os.environ.get(SEED_ENV) or random.randrange(2**32))
     print(f"\nstateful lifecycle: profile {profile}, seed {chosen} ({SEED_ENV}={chosen})")
     rigs = Rigs(tmp_path, moto)
