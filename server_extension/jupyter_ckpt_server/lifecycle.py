@@ -460,15 +460,16 @@ class Lifecycles:
         the kernel (the "slow joiner"): a first cell run meanwhile would go unseen. As
         jupyter_server's websocket does, ask for kernel info until a message arrives; the
         reply is kept for the kernel's record. The server's own activity watch must have
-        seen one too (the kernel then reads "idle", not "starting"): otherwise its state
-        would change under a client between two requests, whenever the status came."""
+        seen the kernel idle after it (not "starting", nor "busy" as jupyter_server 2.4
+        shows for the kernel-info request): otherwise its state would change under a
+        client between two requests, whenever the status came."""
         lc = self.kernels.setdefault(kernel_id, KernelLifecycle(kernel_id, S.RUNNING))
         lc.launch = launch
         kernel = self.km.get_kernel(kernel_id)
         deadline = time.monotonic() + JOIN_TIMEOUT
 
         def joined() -> bool:
-            return lc.joined.is_set() and getattr(kernel, "execution_state", "") != "starting"
+            return lc.joined.is_set() and getattr(kernel, "execution_state", "") == "idle"
 
         while lc.stream is not None and not joined():
             left = deadline - time.monotonic()
