@@ -84,6 +84,9 @@ RECORD_REFRESH_SECONDS = 5.0
 # kernel info is asked for meanwhile
 JOIN_TIMEOUT = 30.0
 JOIN_NUDGE_SECONDS = 0.5
+# how many processes a restore starts at most when one says nothing (see
+# Lifecycles._replace_silent_process)
+START_ATTEMPTS = 3
 # how long a restore's event waits for its clients' queued messages to be delivered (a
 # client that closed meanwhile never reports it)
 DELIVERY_WAIT = 5.0
@@ -1061,6 +1064,7 @@ class Lifecycles:
             raise SuspendFailed(f"could not start kernel {kernel_id}: {exc}") from exc
         finally:
             restoring.reset(token)
+        await self._replace_silent_process(lc)
         timeline.mark("kernel started")
         self.restore_count += 1
         report: dict[str, Any] = {"kernel_id": kernel_id, "image_id": record["image_id"]}
@@ -1105,6 +1109,25 @@ class Lifecycles:
         timeline.mark("record written")
         self._background(self._report_restore(lc, trigger, report, timeline, lc.delivered))
         return report
+
+    async def _replace_silent_process(self, lc: KernelLifecycle) -> None:
+        """Start the restored kernel's process again, on new ports, while it has said
+        nothing. ipykernel hangs when one of its ports was taken between the server's
+        choice and its bind, and a process may die as it starts (the restarter's
+        replacement then listens where the server's watch does not): either way it holds
+        no state yet, and the restore would wait for it until its timeout."""
+        kernel = self.km.get_kernel(lc.kernel_id)
+        for _ in range(START_ATTEMPTS - 1):
+            if lc.joined.is_set():
+                return
+            self.log.warning(
+                "Kernel %s said nothing as it started for its restore: starting it again",
+                lc.kernel_id,
+            )
+            self.km.stop_watching_activity(lc.kernel_id)
+            await ensure_async(kernel.restart_kernel(now=True, newports=True))
+            self.km.start_watching_activity(lc.kernel_id)
+            await self.started(lc.kernel_id, lc.launch)
 
     def _background(self, work: Awaitable[Any]) -> None:
         """Run ``work`` on its own; its failure is logged, not raised."""

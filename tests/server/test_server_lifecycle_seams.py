@@ -328,8 +328,8 @@ async def test_a_cell_run_while_the_restore_writes_the_record_is_listed_in_it(
     count = reply["execution_count"]
 
     def listed() -> bool:
-        record = fresh_store(manager).records.get(kernel_id)
-        return record["state"] == "running" and record["cells_after"] == [count]
+        record = fresh_store(manager).records.get(kernel_id)  # the suspended one at first
+        return record.get("state") == "running" and record["cells_after"] == [count]
 
     await poll(listed, timeout=30, what=f"the record to list In[{count}]")
 
@@ -582,3 +582,26 @@ async def test_a_suspend_waits_out_the_servers_own_call_but_not_a_cells(jp_fetch
     await own
     assert status == 200, body
     assert await value_in(connect, kernel_id, "x") == "41"
+
+
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+async def test_a_restored_kernels_process_that_says_nothing_is_started_again(
+    jp_fetch, connect, manager, tmp_path, monkeypatch, fault
+):
+    """The restored kernel's first process exits, or hangs, before it says anything (as
+    ipykernel does when one of its ports was taken meanwhile): another process is
+    started, and the restore goes on in it."""
+    _, kernel_id = await suspended_kernel(jp_fetch, connect)
+    site = tmp_path / "fails-once"
+    site.mkdir()
+    marker = site / "fail"
+    fail = "os._exit(1)" if fault == "dies" else "__import__('time').sleep(3600)"
+    (site / "sitecustomize.py").write_text(
+        f"import os\nif os.path.exists({str(marker)!r}):\n    os.remove({str(marker)!r})\n"
+        f"    {fail}\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.JOIN_TIMEOUT", 5.0)
+    marker.touch()
+    assert await asyncio.wait_for(value_in(connect, kernel_id, "x + 1"), 120) == "42"
+    assert not marker.exists(), "the first process did not start"
