@@ -210,16 +210,21 @@ async def test_idleness_is_checked_again_right_before_each_suspend(
     """Two kernels are due; while the first is being written, a cell starts work in the
     second: the tick's earlier decision about it is stale and must not be acted on."""
     first, second = await start_kernel(jp_fetch), await start_kernel(jp_fetch)
-    await (await connect(first)).execute("blob = __import__('os').urandom(64 << 20)")
+    await (await connect(first)).execute("blob = 1")
     client = await connect(second)
     await client.execute(SETUP.format(steps=STEPS, progress=str(tmp_path / "p")))
     manager.policy.idle_timeout = 0.1
     km = manager.kernel_manager
     await poll(lambda: all(a.due for a in monitor.assess_all()), what="both kernels due")
-    tick = asyncio.ensure_future(monitor.tick())
-    await poll(lambda: km.ckpt_states.get(first) == "suspending" or tick.done())
-    await client.execute(WORK["thread"][0])
-    assert await tick == [first]
+    started: list[Any] = []
+
+    async def work_in_second(step: str, kernel_id: str) -> None:
+        if step == "checkpoint" and kernel_id == first and not started:
+            started.append(await client.execute(WORK["thread"][0]))
+
+    manager.step_hook = work_in_second
+    assert await monitor.tick() == [first]
+    assert started, "the first kernel's image was not written"
     assert km.is_running(second) and not km.is_suspended(second)
 
 
