@@ -584,6 +584,7 @@ class Lifecycles:
     def _forget(self, lc: KernelLifecycle) -> None:
         lc.state = S.GONE
         self.saver.forget(lc.kernel_id)
+        self.rpc.forget(lc.kernel_id)
         if lc.stream is not None and not lc.stream.closed():
             lc.stream.close()
         if lc.refresh is not None:

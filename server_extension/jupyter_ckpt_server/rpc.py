@@ -70,6 +70,10 @@ class KernelRPC:
                 del self._in_flight[kernel_id]
             self._ended[kernel_id] = time.monotonic()
 
+    def forget(self, kernel_id: str) -> None:
+        """The kernel is gone for good: drop what was kept about our requests to it."""
+        self._ended.pop(kernel_id, None)
+
     async def _request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
         kernel = self.kernel_manager.get_kernel(kernel_id)
         pid = self.pid(kernel_id)
