@@ -397,6 +397,9 @@ class Lifecycle(RuleBasedStateMachine):
         self.run(self.server.fetch("POST", f"kernels/{kernel.id}/restart", {}))
         self.run(self.server.wait_idle(kernel.id))
         kernel.set({})
+        # a fresh kernel: its images are saved images now, which no record has to name
+        kernel.stateful = False
+        kernel.committed.clear()
 
     @precondition(lambda self: self.kernels)
     @rule(data=st.data())
