@@ -1,22 +1,27 @@
 """Peak memory of one store operation, in a fresh process: ``python store_memory.py
 ACTION STORE SECRET [ARG]`` prints the growth of the peak RSS (bytes) that ACTION caused.
 
-ACTION is ``write`` (ARG: MiB of state, in 8 variables of bytes), ``restore``, ``export``
-(ARG: tar file) or ``import`` (ARG: tar file).
+ACTION is ``write`` (ARG: MiB of state, then ``arrays`` or ``bytes``: 8 variables of
+that kind), ``restore``, ``export`` (ARG: tar file) or ``import`` (ARG: tar file).
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import sys
+
+import numpy as np
 
 from jupyter_ckpt import image
 from jupyter_ckpt.store import ImageStore
 
 
 def peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak RSS. Not getrusage's ``ru_maxrss``: Linux carries it over exec
+    from the process that forked, so a child of a large test process would start at its
+    parent's peak and show no growth."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
 def main() -> None:
@@ -24,13 +29,15 @@ def main() -> None:
     store = ImageStore(url=url, secret_file=secret)
     if action == "write":
         each = (int(rest[0]) << 20) // 8
-        ns = {f"v{i}": os.urandom(each) for i in range(8)}
+        rng = np.random.default_rng(0)
+        make = {"bytes": os.urandom, "arrays": lambda n: rng.integers(0, 255, n, np.uint8)}
+        ns = {f"v{i}": make[rest[1]](each) for i in range(8)}
         image.capture(ns, ns, store.writer(), name="big")
         return
     before = peak()
     if action == "restore":
         manifest = store.open("big")
-        ns: dict[str, bytes] = {}
+        ns: dict[str, object] = {}
         report = image.restore(manifest, store.read_segments(manifest), ns)
         assert not report.missing and len(ns) == 8, report.missing
     elif action == "export":
