@@ -439,7 +439,9 @@ class Lifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.images)
     @rule(data=st.data())
     def delete_image(self, data: st.DataObject) -> None:
-        """The user deletes an image; the server refuses one a kernel needs."""
+        """The user deletes an image; the server refuses one a kernel needs. A running
+        kernel's checkpoint may go (its state is live; its record goes back to the one
+        before): by the user's request, it is no longer an image the kernel must keep."""
         candidates = self.known_images()
         if not candidates:
             return
@@ -448,6 +450,9 @@ class Lifecycle(RuleBasedStateMachine):
             self.run(self.server.fetch("DELETE", f"ckpt/images/{image_id}"))
         except HTTPClientError as exc:
             assert exc.code == 409, f"deleting image {image_id}: {exc}"
+            return
+        for kernel in self.kernels.values():
+            kernel.committed.pop(image_id, None)
 
     @precondition(lambda self: self.kernels)
     @rule()
