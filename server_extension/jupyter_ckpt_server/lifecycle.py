@@ -70,6 +70,7 @@ from jupyter_ckpt.errors import CkptError, IncompatibleImage
 from jupyter_ckpt.kernel import summarize_save
 from jupyter_ckpt.store import ImageStore
 
+from . import kernelprocess
 from .events import Events, now_iso
 from .policy import SuspendPolicy
 from .progress import ProgressWatch
@@ -84,8 +85,9 @@ RECORD_REFRESH_SECONDS = 5.0
 # kernel info is asked for meanwhile
 JOIN_TIMEOUT = 30.0
 JOIN_NUDGE_SECONDS = 0.5
-# how many processes a restore starts at most when one says nothing (see
-# Lifecycles._replace_silent_process)
+# how long a started kernel may say nothing before the server looks at its process, and how
+# many processes it starts at most when one cannot answer (see kernelprocess)
+SILENT_AFTER = 10.0
 START_ATTEMPTS = 3
 # how long a restore's event waits for its clients' queued messages to be delivered (a
 # client that closed meanwhile never reports it)
@@ -457,7 +459,29 @@ class Lifecycles:
 
     async def started(self, kernel_id: str, launch: dict[str, Any]) -> None:
         """A kernel process started (fresh, restarted, or for a restore): wait until the
-        server's watch receives its messages before it is handed out.
+        server's watch receives its messages before it is handed out; start the process
+        again, on new ports, while it cannot answer (see :mod:`.kernelprocess`: it holds
+        no state yet, and every client would wait for it in vain)."""
+        lc = self.kernels.setdefault(kernel_id, KernelLifecycle(kernel_id, S.RUNNING))
+        lc.launch = launch
+        kernel = self.km.get_kernel(kernel_id)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            problem = await self._join(lc, kernel)
+            if problem is None:
+                return
+            if attempt == START_ATTEMPTS:
+                break
+            self.log.warning(
+                "Kernel %s said nothing as it started: %s; starting it again", kernel_id, problem
+            )
+            self.km.stop_watching_activity(kernel_id)
+            await ensure_async(kernel.restart_kernel(now=True, newports=True))
+            self.km.start_watching_activity(kernel_id)
+        self.log.warning("The server may miss the cells of kernel %s: %s", kernel_id, problem)
+
+    async def _join(self, lc: KernelLifecycle, kernel: Any) -> str | None:
+        """Wait until the server's watch has received the kernel's messages; what went
+        wrong otherwise.
 
         A ZMQ subscriber misses what the kernel publishes before its subscription reaches
         the kernel (the "slow joiner"): a first cell run meanwhile would go unseen. As
@@ -466,26 +490,26 @@ class Lifecycles:
         seen the kernel idle after it (not "starting", nor "busy" as jupyter_server 2.4
         shows for the kernel-info request): otherwise its state would change under a
         client between two requests, whenever the status came."""
-        lc = self.kernels.setdefault(kernel_id, KernelLifecycle(kernel_id, S.RUNNING))
-        lc.launch = launch
-        kernel = self.km.get_kernel(kernel_id)
-        deadline = time.monotonic() + JOIN_TIMEOUT
+        watched = kernelprocess.ports(kernel)
+        begun = time.monotonic()
 
         def joined() -> bool:
             return lc.joined.is_set() and getattr(kernel, "execution_state", "") == "idle"
 
         while lc.stream is not None and not joined():
-            left = deadline - time.monotonic()
-            try:
-                if left <= 0:
-                    raise SuspendFailed(f"no message within {JOIN_TIMEOUT:.0f} s")
-                lc.kernel_info = await self.rpc.request(kernel_id, "kernel_info", left)
-                await _until(joined, min(JOIN_NUDGE_SECONDS, left))
-            except asyncio.TimeoutError:
-                continue
-            except SuspendFailed as exc:
-                self.log.warning("The server may miss the cells of kernel %s: %s", kernel_id, exc)
-                return
+            waited = time.monotonic() - begun
+            if waited > JOIN_TIMEOUT:
+                return f"no message within {JOIN_TIMEOUT:.0f} s"
+            if problem := kernelprocess.cannot_answer(kernel, watched, waited > SILENT_AFTER):
+                return problem
+            look = SILENT_AFTER if waited < SILENT_AFTER else waited + 1  # at the process
+            with contextlib.suppress(SuspendFailed):  # no answer yet, or its process exited
+                lc.kernel_info = await self.rpc.request(
+                    lc.kernel_id, "kernel_info", max(min(look, JOIN_TIMEOUT) - waited, 0.1)
+                )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await _until(joined, JOIN_NUDGE_SECONDS)
+        return None
 
     def process_restarted(self, kernel_id: str) -> None:
         """The kernel's process died and was restarted automatically (an OOM kill): its
@@ -1065,7 +1089,6 @@ class Lifecycles:
             raise SuspendFailed(f"could not start kernel {kernel_id}: {exc}") from exc
         finally:
             restoring.reset(token)
-        await self._replace_silent_process(lc)
         timeline.mark("kernel started")
         self.restore_count += 1
         report: dict[str, Any] = {"kernel_id": kernel_id, "image_id": record["image_id"]}
@@ -1110,25 +1133,6 @@ class Lifecycles:
         timeline.mark("record written")
         self._background(self._report_restore(lc, trigger, report, timeline, lc.delivered))
         return report
-
-    async def _replace_silent_process(self, lc: KernelLifecycle) -> None:
-        """Start the restored kernel's process again, on new ports, while it has said
-        nothing. ipykernel hangs when one of its ports was taken between the server's
-        choice and its bind, and a process may die as it starts (the restarter's
-        replacement then listens where the server's watch does not): either way it holds
-        no state yet, and the restore would wait for it until its timeout."""
-        kernel = self.km.get_kernel(lc.kernel_id)
-        for _ in range(START_ATTEMPTS - 1):
-            if lc.joined.is_set():
-                return
-            self.log.warning(
-                "Kernel %s said nothing as it started for its restore: starting it again",
-                lc.kernel_id,
-            )
-            self.km.stop_watching_activity(lc.kernel_id)
-            await ensure_async(kernel.restart_kernel(now=True, newports=True))
-            self.km.start_watching_activity(lc.kernel_id)
-            await self.started(lc.kernel_id, lc.launch)
 
     def _background(self, work: Awaitable[Any]) -> None:
         """Run ``work`` on its own; its failure is logged, not raised."""
