@@ -20,7 +20,6 @@ import argparse
 import ast
 import json
 import os
-import sys
 import tempfile
 import time
 from typing import Any
@@ -163,4 +162,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -89,6 +89,7 @@ class Workload:
 def numeric_state(nbytes: int, rng: np.random.Generator) -> dict[str, Any]:
     """A few float32/float64 arrays of random values (random, so no chunk dedupes by
     accident) adding up to ``nbytes``."""
+    shares: list[tuple[str, type[np.float32 | np.float64], float]]
     shares = [("weights", np.float64, 0.4), ("activations", np.float32, 0.3)]
     shares += [("grads", np.float64, 0.2), ("embeddings", np.float32, 0.1)]
     state: dict[str, Any] = {}
@@ -201,7 +202,7 @@ class Plain(Contender):
         self._write(os.path.join(where, "plain.bin"), fill)
 
     def load(self, work: Workload, where: str) -> None:
-        out = memoryview(np.empty(work.nbytes, dtype=np.uint8))
+        out = np.empty(work.nbytes, dtype=np.uint8).data
         with open(os.path.join(where, "plain.bin"), "rb", buffering=0) as f:
             done = 0
             while done < len(out):
@@ -320,8 +321,8 @@ def warm_up(contenders: list[Contender], base: str, rng: np.random.Generator) ->
     """One untimed save and load per contender: imports and one-time caches (the package
     index capture builds on its first save) are paid before the clock runs, as in a
     kernel that has saved once."""
-    state = {"warm": rng.random(1 << 17), "meta": {"k": [1, 2, 3]}}
-    work = Workload("warm-up", state, [memoryview(state["warm"])], False)
+    warm = rng.random(1 << 17)
+    work = Workload("warm-up", {"warm": warm, "meta": {"k": [1, 2, 3]}}, [warm.data], False)
     for contender in contenders:
         with contender.scratch(base, "warm-up") as where:
             contender.save(work, where)

@@ -36,6 +36,7 @@ from benchlib import Timings, make_store, table, timed
 from jupyter_ckpt import compat
 from jupyter_ckpt.format import image_summary
 from jupyter_ckpt.store import ImageStore, manifest_path
+from jupyter_ckpt.store.backends import FsspecBackend
 
 PLAIN_READ = "plain read of every manifest (baseline)"
 CLI_BASELINE = "python + import the CLI (baseline)"
@@ -58,7 +59,7 @@ def history(cells: int, cell_bytes: int, twice: bool) -> dict[str, Any]:
 def fill(store: ImageStore, count: int, cells: int, cell_bytes: int, twice: bool) -> None:
     """``count`` small images, one minute apart, each with its own chunk."""
     start = datetime.now(timezone.utc) - timedelta(minutes=count)
-    facts = {"id": None, "cwd": "/home/user", "env": {"set": {}, "unset": []}}
+    facts: dict[str, Any] = {"id": None, "cwd": "/home/user", "env": {"set": {}, "unset": []}}
     for n in range(count):
         writer = store.writer()
         writer.add_segment(n.to_bytes(8, "little") * 128)
@@ -283,7 +284,7 @@ class Moto:
     def count(self, store: ImageStore) -> None:
         """Count every request ``store``'s S3 client sends from now on (fsspec shares one
         client between stores with the same options)."""
-        fs = store.backend.fs
+        fs = s3_files(store)
         if id(fs) in self._counted:
             return
         self._counted.add(id(fs))
@@ -299,6 +300,12 @@ class Moto:
         self.process.wait(timeout=30)
 
 
+def s3_files(store: ImageStore) -> Any:
+    """The fsspec file system under an S3 store."""
+    assert isinstance(store.backend, FsspecBackend), store.backend
+    return store.backend.fs
+
+
 def measure_s3(where: str, count: int, moto: Moto, timings: Timings) -> dict[str, int]:
     local = make_store(where, fsync=False)
     options = {"endpoint_url": moto.url, **CREDENTIALS}
@@ -310,7 +317,7 @@ def measure_s3(where: str, count: int, moto: Moto, timings: Timings) -> dict[str
         )
 
     s3 = fresh()
-    s3.backend.fs.put(
+    s3_files(s3).put(
         os.path.join(local.backend.root, "images"), f"{s3.backend.root}/", recursive=True
     )
     moto.count(s3)

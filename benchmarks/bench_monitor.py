@@ -149,7 +149,7 @@ async def kernel_side_cost(real: int, calls: int, store_dir: Path) -> tuple[floa
             return work.ask_kernel(manager, kernel_id, manager.policy, [pids[kernel_id]])
 
         for kernel_id in ids:
-            await manager._wait_ready(kernel_id)
+            await manager.rpc.ready(kernel_id)
             await manager.kernel_call(kernel_id, "describe([])", 60)  # imports, once
             answer = await ask(kernel_id)
             assert answer == {"threads": {}, "tasks": []}, answer

@@ -68,11 +68,11 @@ async def run(seconds: float, idle_timeout: float, tmp: Path) -> None:
     monitor = IdleMonitor(manager)
     kernel_id = await km.start_kernel(kernel_name="python3")
     try:
-        await manager._wait_ready(kernel_id)
+        await manager.rpc.ready(kernel_id)
         code = LOOP.format(seconds=seconds)
         started = time.monotonic()
         await manager.kernel_call(kernel_id, "describe([])", 30)  # the kernel answers
-        reply = await manager._request(kernel_id, "execute", 120, code=code, silent=False)
+        reply = await manager.rpc.request(kernel_id, "execute", 120, code=code, silent=False)
         if reply.get("status") != "ok":
             fail(f"the CUDA loop did not start: {reply.get('evalue')}")
         busy_seen, gpu_alone = [], False

@@ -230,12 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         [f"{op} / pinned {copy} copy", f"{median('pinned copy', copy) / median('ckpt', op):.2f}"]
         for op, copy in (("save", "device->host"), ("restore", "host->device"))
     ]
-    size = human_size(timings.nbytes[WORKLOAD])
+    state = human_size(timings.nbytes[WORKLOAD])
     # section 8 sets these against the bus with no number: for information
     for op, copy in (("save", "device->host"), ("restore", "host->device")):
         report_figure(
             "gpu_roundtrip",
-            f"{op} of {size} of GPU state (disk included)",
+            f"{op} of {state} of GPU state (disk included)",
             median("ckpt", op),
             f"pinned {copy} copy of the same bytes",
             median("pinned copy", copy),

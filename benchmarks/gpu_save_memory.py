@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from benchlib import human_size, make_store, parse_size, report_figure, table
 from gpu_roundtrip import NO_GPU, build_namespace, cuda_device_count, state_bytes
@@ -36,16 +37,18 @@ SLACK = 2 * ImageStore.io_threads.default_value * CHUNK_SIZE + 24 * MiB
 
 def _status(key: str) -> int:
     with open("/proc/self/status") as f:
-        return int(re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
+        found = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M)
+    assert found is not None, f"no {key} in /proc/self/status"
+    return int(found.group(1)) * 1024
 
 
-def peak_over(run: object) -> tuple[int, float]:
+def peak_over(run: Callable[[], None]) -> tuple[int, float]:
     """(peak RSS during ``run()`` over RSS before it, seconds)."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
     before = _status("VmRSS")
     started = time.perf_counter()
-    run()  # type: ignore[operator]
+    run()
     return _status("VmHWM") - before, time.perf_counter() - started
 
 
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             store = make_store(tempfile.mkdtemp(dir=base))
             try:
 
-                def save(store=store, buffer=buffer) -> None:
+                def save(store: ImageStore = store, buffer: int = buffer) -> None:
                     capture(dict(ns), ns, store.writer(), name="gpu", buffer_bytes=buffer)
 
                 extra, seconds = peak_over(save)

@@ -98,10 +98,10 @@ async def run(size: int, device: str, tmp: Path) -> None:
     report_check("gpu_suspend", "tensors back on their device with the same checksum", ok)
     bandwidth = facts["bandwidth"]
     if bandwidth:  # on a GPU: against the bus, measured in the same kernel
-        size = human_size(nbytes)
+        state = human_size(nbytes)
         for figure, seconds, copy in (
-            (f"suspend of {size} until its GPU memory is free", freed_s, "d2h"),
-            (f"restore of {size} and the first cell", restore_s, "h2d"),
+            (f"suspend of {state} until its GPU memory is free", freed_s, "d2h"),
+            (f"restore of {state} and the first cell", restore_s, "h2d"),
         ):
             name = "device->host" if copy == "d2h" else "host->device"
             report_figure(

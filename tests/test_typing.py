@@ -1,5 +1,6 @@
-"""Both packages type-check: mypy, run with the project's configuration ([tool.mypy] in
-pyproject.toml), finds no error in jupyter_ckpt or jupyter_ckpt_server.
+"""The code type-checks: mypy, run with the project's configuration ([tool.mypy] in
+pyproject.toml), finds no error in jupyter_ckpt, jupyter_ckpt_server or the benchmarks
+(which call the server's internals and would otherwise break unseen).
 
 mypy keeps its incremental cache in ``.mypy_cache`` at the repository root, as when it is
 run by hand, so only the first run (about 40 s of CPU) checks everything.
