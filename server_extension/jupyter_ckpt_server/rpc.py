@@ -79,9 +79,11 @@ class KernelRPC:
         pid = self.pid(kernel_id)
         # Its own session: kernel.client() copies the manager's, so two calls at once (an
         # autosave and a checkpoint) would send the same message ids from the same shell
-        # identity, and one could take the other's reply as its own.
+        # identity, and one could take the other's reply as its own. The manager's ZMQ
+        # context, as the server's websockets use: a client's own context is created and
+        # terminated with it, most of a call's cost to the server.
         session = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)
-        client = kernel.client(session=session)
+        client = kernel.client(session=session, context=kernel.context)
         client.start_channels(iopub=False, stdin=False, hb=False, control=False)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -101,7 +103,8 @@ class KernelRPC:
                 if reply["parent_header"].get("msg_id") == msg_id:
                     return reply["content"]
         finally:
-            client.stop_channels()
+            # not client.stop_channels(): it connects every other channel to ask if it runs
+            client.shell_channel.stop()
 
     async def call(self, kernel_id: str, call: str, timeout: float) -> dict[str, Any]:
         """Evaluate ``jupyter_ckpt.kernel.<call>`` silently in the kernel; its JSON result."""
