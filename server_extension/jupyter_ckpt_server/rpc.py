@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import queue
 import time
 from collections import Counter
 from typing import Any
@@ -56,6 +55,7 @@ class KernelRPC:
         self.probe = probe
         self._in_flight: Counter[str] = Counter()  # our requests now, per kernel
         self._ended: dict[str, float] = {}  # when our last request to a kernel ended
+        self._sessions: dict[str, Session] = {}
 
     async def request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
         """Send one shell request on a private client and return its reply's content.
@@ -73,38 +73,53 @@ class KernelRPC:
     def forget(self, kernel_id: str) -> None:
         """The kernel is gone for good: drop what was kept about our requests to it."""
         self._ended.pop(kernel_id, None)
+        self._sessions.pop(kernel_id, None)
 
-    async def _request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
+    def _session(self, kernel_id: str, kernel: Any) -> Session:
+        """The session our requests to the kernel are signed in. Ours, one per kernel: a
+        copy of the manager's (as ``kernel.client()`` makes) would number its messages
+        from where the copy was made, so two calls at once (an autosave and a checkpoint)
+        could send the same message id and take each other's replies."""
+        session = self._sessions.get(kernel_id)
+        if session is None or session.key != kernel.session.key:
+            session = Session(
+                key=kernel.session.key, signature_scheme=kernel.session.signature_scheme
+            )
+            self._sessions[kernel_id] = session
+        return session
+
+    async def _request(self, kernel_id: str, send: str, timeout: float, **content: Any) -> dict:
         kernel = self.kernel_manager.get_kernel(kernel_id)
         pid = self.pid(kernel_id)
-        # Its own session: kernel.client() copies the manager's, so two calls at once (an
-        # autosave and a checkpoint) would send the same message ids from the same shell
-        # identity, and one could take the other's reply as its own. The manager's ZMQ
-        # context, as the server's websockets use: a client's own context is created and
-        # terminated with it, most of a call's cost to the server.
-        session = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)
-        client = kernel.client(session=session, context=kernel.context)
-        client.start_channels(iopub=False, stdin=False, hb=False, control=False)
+        session = self._session(kernel_id, kernel)
+        # A shell stream of its own (the kernel replies to the socket that asked) on the
+        # manager's ZMQ context, rather than a kernel client: making a client, with its
+        # own context and every channel, cost the server twice the whole call.
+        stream = kernel.connect_shell()
+        replies: asyncio.Queue[list[bytes]] = asyncio.Queue()
+        stream.on_recv(replies.put_nowait)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
-            msg_id = getattr(client, send)(**kw)
+            request = session.msg(f"{send}_request", content)
+            session.send(stream, request)
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
                     raise SuspendFailed(f"the kernel did not answer within {timeout:.0f} s")
                 try:
-                    reply = await client.get_shell_msg(timeout=min(left, _LIVENESS_POLL))
-                except queue.Empty:
+                    received = await asyncio.wait_for(replies.get(), min(left, _LIVENESS_POLL))
+                except asyncio.TimeoutError:
                     alive = await ensure_async(kernel.is_alive())
                     if not alive or self.pid(kernel_id) != pid:
                         raise SuspendFailed("the kernel's process died") from None
                     continue
-                if reply["parent_header"].get("msg_id") == msg_id:
+                _, parts = session.feed_identities(received)
+                reply = session.deserialize(parts)
+                if reply["parent_header"].get("msg_id") == request["header"]["msg_id"]:
                     return reply["content"]
         finally:
-            # not client.stop_channels(): it connects every other channel to ask if it runs
-            client.shell_channel.stop()
+            stream.close(linger=0)
 
     async def call(self, kernel_id: str, call: str, timeout: float) -> dict[str, Any]:
         """Evaluate ``jupyter_ckpt.kernel.<call>`` silently in the kernel; its JSON result."""
