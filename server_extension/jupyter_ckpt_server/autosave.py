@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-import psutil
 from traitlets import Any as AnyTrait
 from traitlets.config import LoggingConfigurable
 
 from jupyter_ckpt.kernel.background import read_result
 
 from .events import Events
+from .kernelprocess import alive
 from .lifecycle import State
 from .rpc import KernelRPC, SuspendFailed
 from .work import idle_clock_kept
@@ -154,7 +154,7 @@ class BackgroundSaver:
         deadline = time.monotonic() + timeout + 5  # the child's own alarm comes first
         pid, path = begun["pid"], begun["result"]
         while not os.path.exists(path):
-            if not _alive(pid):
+            if not alive(pid):
                 if os.path.exists(path):
                     break
                 outcome = await self.rpc.call(kernel_id, "autosave_result()", timeout)
@@ -259,11 +259,3 @@ class Autosaver(LoggingConfigurable):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process runs (an exited child not yet reaped by its kernel does not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

@@ -1,4 +1,4 @@
-"""Whether a kernel's process, just started, can still answer.
+"""Whether a process runs, and whether a kernel's process, just started, can still answer.
 
 A started kernel that says nothing is usually slow (a cold file cache, startup files that
 import a large library). Two failures look the same from the server's side and never end:
@@ -19,6 +19,14 @@ import psutil
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
 
+def alive(pid: int) -> bool:
+    """Whether a process runs (an exited child not yet reaped by its parent does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def ports(kernel: Any) -> dict[str, int]:
     return {name: getattr(kernel, name) for name in PORTS}
 
@@ -33,12 +41,12 @@ def cannot_answer(kernel: Any, watched: dict[str, int], bound_by_now: bool) -> s
     pid = getattr(kernel.provisioner, "pid", None)
     if pid is None:
         return None
+    if not alive(pid):
+        return "its process exited"
+    if not bound_by_now or kernel.transport != "tcp":
+        return None
     try:
         process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return "its process exited"
-        if not bound_by_now or kernel.transport != "tcp":
-            return None
         # a kernelspec may start the kernel through a wrapper (a shell, conda run)
         tree = [process, *process.children(recursive=True)]
         listening = {

@@ -502,11 +502,10 @@ class Lifecycles:
                 return f"no message within {JOIN_TIMEOUT:.0f} s"
             if problem := kernelprocess.cannot_answer(kernel, watched, waited > SILENT_AFTER):
                 return problem
-            look = SILENT_AFTER if waited < SILENT_AFTER else waited + 1  # at the process
+            # ask until the next look at its process (each second once it should listen)
+            until_look = min(max(SILENT_AFTER - waited, 1.0), JOIN_TIMEOUT - waited)
             with contextlib.suppress(SuspendFailed):  # no answer yet, or its process exited
-                lc.kernel_info = await self.rpc.request(
-                    lc.kernel_id, "kernel_info", max(min(look, JOIN_TIMEOUT) - waited, 0.1)
-                )
+                lc.kernel_info = await self.rpc.request(lc.kernel_id, "kernel_info", until_look)
             with contextlib.suppress(asyncio.TimeoutError):
                 await _until(joined, JOIN_NUDGE_SECONDS)
         return None

@@ -1,4 +1,4 @@
-"""Talking to a kernel: silent requests on private clients, and its process.
+"""Talking to a kernel: silent requests on private shell streams, and its process.
 
 The server never unpickles user objects: it asks the kernel to write (or read) its image
 through a silent execute of ``jupyter_ckpt.kernel`` (not stored in history, no execution
@@ -58,7 +58,7 @@ class KernelRPC:
         self._sessions: dict[str, Session] = {}
 
     async def request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
-        """Send one shell request on a private client and return its reply's content.
+        """Send one shell request on a private stream and return its reply's content.
         Fails as soon as the kernel's process dies or is replaced (an automatic restart
         loses the state and the request with it), not only after ``timeout``."""
         self._in_flight[kernel_id] += 1
