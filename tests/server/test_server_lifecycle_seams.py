@@ -423,17 +423,19 @@ async def test_a_cell_sent_over_zmq_during_a_suspend_is_not_killed(
     client.close()
     console = AsyncKernelClient(connection_file=str(jp_runtime_dir / f"kernel-{kernel_id}.json"))
     console.load_connection_file()
-    console.start_channels(iopub=False, stdin=False, hb=False, control=False)
+    console.start_channels(stdin=False, hb=False, control=False)
+    await console.wait_for_ready(timeout=30)  # its iopub subscription is live
 
     async def run_cell() -> str:
         msg_id = console.execute("import time\ntime.sleep(1)\ny = 1")
-
-        async def busy() -> bool:
-            model = await get_json(jp_fetch, "api", "kernels", kernel_id)
-            return model["execution_state"] == "busy"
-
-        await poll(busy, what="the server to see the cell running")
-        return msg_id
+        # Running once the kernel says busy for this cell. The server's view of the kernel
+        # is no proof: it may still be busy from the suspend's own save, while the cell
+        # has not reached the kernel, which would then only get it after the shutdown.
+        while True:
+            msg = await console.get_iopub_msg(timeout=30)
+            mine = msg["parent_header"].get("msg_id") == msg_id
+            if mine and msg["content"].get("execution_state") == "busy":
+                return msg_id
 
     sent = at_step(manager, "record", run_cell)
     suspend = ("api", "ckpt", "kernels", kernel_id, "suspend")
