@@ -92,6 +92,11 @@ START_ATTEMPTS = 3
 # how long a restore's event waits for its clients' queued messages to be delivered (a
 # client that closed meanwhile never reports it)
 DELIVERY_WAIT = 5.0
+# how long a suspend waits for the kernel's debugger to describe itself (it is optional)
+DEBUG_INFO_TIMEOUT = 5.0
+# the end of the topic ipykernel publishes status messages under (kernel.<id>.status): two
+# of every request's messages, our own silent calls' included, and never a cell's input
+_STATUS_TOPIC = b".status"
 
 # The id of the kernel that a restore is starting in the current task. jupyter_server and
 # jupyter_client refuse to start a kernel with an id that is already ``in`` the manager;
@@ -192,6 +197,7 @@ class KernelLifecycle:
     stream: Any = None  # the server's own iopub subscription
     joined: asyncio.Event = field(default_factory=asyncio.Event)
     kernel_info: dict[str, Any] | None = None
+    debug_info: dict[str, Any] | None = None  # its debugger's facts, saved at suspend
     refresh: asyncio.Task[None] | None = None
     refreshed_at: float = 0.0
     # the record a checkpoint's record replaced: put back if the user deletes that image
@@ -367,10 +373,35 @@ class Lifecycles:
             "env": lc.launch.get("env", {}),
             "image_id": image_id,
             "kernel_info": lc.kernel_info,
+            "debug_info": lc.debug_info,
             "last_activity": kernel.last_activity.isoformat(),
             "suspended_at": now_iso(),
             "server_name": os.environ.get("JUPYTERHUB_SERVER_NAME", ""),
         }
+
+    async def _debug_info(
+        self, kernel_id: str, info: dict[str, Any], deadline: float | None
+    ) -> dict[str, Any] | None:
+        """What the kernel's debugger says of itself (its ``debugInfo``), when it has one:
+        JupyterLab asks for it on every connect, and a suspended kernel answers from it
+        (see :mod:`.websocket`) rather than leave the question waiting for a restore."""
+        if not (info.get("debugger") or "debugger" in info.get("supported_features", [])):
+            return None  # (protocol 5.5 lists it among the supported features)
+        try:
+            reply = await self.rpc.request(
+                kernel_id,
+                "debug",
+                min(DEBUG_INFO_TIMEOUT, self._timeout(deadline)),
+                channel="control",
+                type="request",
+                seq=0,
+                command="debugInfo",
+                arguments={},
+            )
+        except SuspendFailed as exc:
+            self.log.info("No debugger facts from kernel %s: %s", kernel_id, exc)
+            return None
+        return reply.get("body") if reply.get("success") else None
 
     async def _running_record(
         self, lc: KernelLifecycle, summary: dict[str, Any], trigger: str, saved_at: str
@@ -431,6 +462,8 @@ class Lifecycles:
         """Follow a started kernel's ``execute_input`` messages on the server's own iopub
         subscription (stop on False): the cells run since its last image, and whether a
         client ran one during a suspend."""
+        if not start:
+            self.rpc.release(kernel_id)  # the process stops: so does our shell stream
         lc = self.kernels.get(kernel_id)
         if lc is None and not start:
             return
@@ -447,9 +480,11 @@ class Lifecycles:
         session = Session(config=kernel.session.config, key=kernel.session.key)
 
         def on_iopub(msg_list: list[bytes]) -> None:
+            lc.joined.set()
+            if msg_list[0].endswith(_STATUS_TOPIC):
+                return  # ipykernel names each message's type in its topic: skip the parse
             _, parts = session.feed_identities(msg_list)
             msg = session.deserialize(parts, content=False)
-            lc.joined.set()
             if msg["header"]["msg_type"] == "execute_input":
                 lc.cells += 1
                 lc.executed.append(json.loads(msg["content"])["execution_count"])
@@ -886,6 +921,7 @@ class Lifecycles:
             await self._step("kernel_info", kernel_id)
             info = await self.rpc.request(kernel_id, "kernel_info", self._timeout(deadline))
             lc.kernel_info = info
+            lc.debug_info = await self._debug_info(kernel_id, info, deadline)
             self._check(lc)
             usage = self.rpc.gpu_usage(kernel_id)
             label = _SUSPEND_LABELS.get(trigger, trigger)

@@ -5,8 +5,8 @@ process table once (psutil); per kernel it then reads fields the server already 
 (``last_activity``, ``execution_state``, connections), its child processes, and its
 threads' CPU time and I/O since the last tick (:mod:`.work`): the check window. The
 kernel is asked (a silent call of a few milliseconds) only to name threads found busy, and
-when it is due within a tick; so 100 kernels at rest cost little more than one
-(``benchmarks/bench_monitor.py``).
+only so many kernels per tick; so 100 kernels at rest cost little more than one, and 100
+kernels starting work at once not much more (``benchmarks/bench_monitor.py``).
 
 Background work is activity: while the monitor sees it the kernel is not suspended, and
 its idle clock runs from the last moment the monitor saw the work (or the last message,
@@ -39,6 +39,9 @@ GPU_WINDOW_SECONDS = 3
 # computes to show, short enough for the status to answer at once.
 MIN_WINDOW_SECONDS = 0.5
 UNSAVEABLE_ACTIONS = ("checkpoint", "suspend")
+# How many kernels one tick asks to name their busy threads at most (a few milliseconds of
+# the server's CPU each): what bounds a tick's cost when every kernel starts work at once.
+MAX_ASKS_PER_TICK = 25
 
 
 @dataclass
@@ -93,6 +96,8 @@ class IdleMonitor:
         # kernel id -> thread id -> what the kernel said it runs (see work.names): a busy
         # thread is named once, not asked about at every tick
         self._names: dict[str, dict[str, str | None]] = {}
+        # kernel id -> when a tick last asked it (time.monotonic())
+        self._asked_at: dict[str, float] = {}
         # kernel id -> (when, the variables its last successful image left out)
         self._unsaveable: dict[str, tuple[datetime, list[str]]] = {}
 
@@ -143,6 +148,7 @@ class IdleMonitor:
             self._kernel_pids,
             self._names,
             self._unsaveable,
+            self._asked_at,
         ):
             for gone in table.keys() - set(running):
                 table.pop(gone, None)
@@ -256,15 +262,31 @@ class IdleMonitor:
         return bool({"threads", "tasks"} & set(self.manager.policy.background_work))
 
     def _wants_kernel_check(self, a: Assessment, loads: list[work.Load]) -> bool:
-        """Ask the kernel only when its answer decides: nothing but its threads and tasks
-        blocks it, and it is due within a tick, or a thread it has not named yet (or its
-        main thread, for its tasks) was busy in the window."""
+        """Ask the kernel only when its answer says something: nothing but its threads
+        and tasks blocks it, and a thread it has not named yet (or its main thread, for
+        its tasks) was busy in the window. A kernel at rest is never asked: with nothing
+        busy there is nothing to name, and a suspend asks it again anyway."""
         if not self._asks or a.blocked_by != self._kernel_work.get(a.kernel_id, []):
             return False
-        soon = a.idle_seconds + self.manager.policy.check_interval >= a.idle_timeout
         known = self._names.get(a.kernel_id, {})
         main = self._kernel_pids.get(a.kernel_id)
-        return soon or any(x.tid == main or str(x.tid) not in known for x in loads)
+        return any(x.tid == main or str(x.tid) not in known for x in loads)
+
+    def _to_ask(self, assessments: list[Assessment], loads: dict[str, list[work.Load]]) -> set[str]:
+        """The kernels this tick asks: those whose answer says something, at most
+        ``MAX_ASKS_PER_TICK``, the longest unasked first. The others are asked at a
+        later tick; meanwhile a busy thread counts as work unnamed (by its id), and a
+        suspend always asks first, so waiting never lets work be taken for idleness."""
+        wanted = [
+            a.kernel_id
+            for a in assessments
+            if self._wants_kernel_check(a, loads.get(a.kernel_id, []))
+        ]
+        wanted.sort(key=lambda k: self._asked_at.get(k, 0.0))
+        chosen = set(wanted[:MAX_ASKS_PER_TICK])
+        now = time.monotonic()
+        self._asked_at.update(dict.fromkeys(chosen, now))
+        return chosen
 
     async def _check_kernel(self, a: Assessment, loads: list[work.Load], ask: bool) -> None:
         """Replace ``a``'s threads and tasks with what the window found: named by the
@@ -322,11 +344,11 @@ class IdleMonitor:
         by the manager, and the kernel keeps running."""
         assessments = self.assess_all(await asyncio.to_thread(self.snapshot))
         loads = await asyncio.to_thread(self._measure_all, assessments)
+        asked = self._to_ask(assessments, loads)
         await asyncio.gather(
             *(
-                self._check_kernel(a, found, self._wants_kernel_check(a, found))
+                self._check_kernel(a, loads.get(a.kernel_id, []), a.kernel_id in asked)
                 for a in assessments
-                for found in [loads.get(a.kernel_id, [])]
             )
         )
         suspended = []

@@ -1,4 +1,4 @@
-"""Talking to a kernel: silent requests on private shell streams, and its process.
+"""Talking to a kernel: silent requests on the server's own streams, and its process.
 
 The server never unpickles user objects: it asks the kernel to write (or read) its image
 through a silent execute of ``jupyter_ckpt.kernel`` (not stored in history, no execution
@@ -47,6 +47,58 @@ class Aborted(SuspendFailed):
     """A client or a kernels-API action needed the kernel: the suspend or restore stops."""
 
 
+class _Channel:
+    """One stream to a kernel's shell or control channel, shared by the server's requests
+    on it (the kernel replies to the socket that asked); a reply finds its request by
+    message id. Opening a stream per request cost the server more than the rest of the
+    call: a socket, a TCP connection and its handshake each time.
+
+    Its session is ours, not a copy of the manager's (as ``kernel.client()`` makes): a
+    copy numbers its messages from where it was made, so two requests at once (an
+    autosave and a checkpoint) could send the same message id and take each other's
+    replies."""
+
+    def __init__(self, kernel: Any, channel: str) -> None:
+        self.channel = channel
+        self.port = getattr(kernel, f"{channel}_port")
+        self.session = Session(
+            key=kernel.session.key, signature_scheme=kernel.session.signature_scheme
+        )
+        self.waiting: dict[str, asyncio.Future[dict]] = {}
+        self.stream = getattr(kernel, f"connect_{channel}")()
+        self.stream.on_recv(self._on_reply)
+
+    def serves(self, kernel: Any) -> bool:
+        """Whether this stream reaches the kernel's process now (a restart or a restore
+        starts one on other ports, with another key)."""
+        return (
+            not self.stream.closed()
+            and self.port == getattr(kernel, f"{self.channel}_port")
+            and self.session.key == kernel.session.key
+        )
+
+    def send(self, msg_type: str, content: dict) -> tuple[str, asyncio.Future[dict]]:
+        """Send a request; its id and the future of its reply's content."""
+        request = self.session.msg(msg_type, content)
+        msg_id = request["header"]["msg_id"]
+        reply = self.waiting[msg_id] = asyncio.get_running_loop().create_future()
+        self.session.send(self.stream, request)
+        return msg_id, reply
+
+    def _on_reply(self, msg_list: list[bytes]) -> None:
+        _, parts = self.session.feed_identities(msg_list)
+        reply = self.session.deserialize(parts)
+        waiting = self.waiting.pop(reply["parent_header"].get("msg_id"), None)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(reply["content"])
+
+    def close(self) -> None:
+        self.stream.close(linger=0)
+        for waiting in self.waiting.values():
+            if not waiting.done():
+                waiting.set_exception(SuspendFailed("the kernel's process stopped"))
+
+
 class KernelRPC:
     """Requests to the running kernels of one kernel manager."""
 
@@ -55,15 +107,17 @@ class KernelRPC:
         self.probe = probe
         self._in_flight: Counter[str] = Counter()  # our requests now, per kernel
         self._ended: dict[str, float] = {}  # when our last request to a kernel ended
-        self._sessions: dict[str, Session] = {}
+        self._channels: dict[tuple[str, str], _Channel] = {}  # (kernel id, channel)
 
-    async def request(self, kernel_id: str, send: str, timeout: float, **kw: Any) -> dict:
-        """Send one shell request on a private stream and return its reply's content.
-        Fails as soon as the kernel's process dies or is replaced (an automatic restart
-        loses the state and the request with it), not only after ``timeout``."""
+    async def request(
+        self, kernel_id: str, send: str, timeout: float, channel: str = "shell", **kw: Any
+    ) -> dict:
+        """Send one request (on the shell channel, or ``control``) and return its reply's
+        content. Fails as soon as the kernel's process dies or is replaced (an automatic
+        restart loses the state and the request with it), not only after ``timeout``."""
         self._in_flight[kernel_id] += 1
         try:
-            return await self._request(kernel_id, send, timeout, **kw)
+            return await self._request(kernel_id, send, timeout, channel, **kw)
         finally:
             self._in_flight[kernel_id] -= 1
             if not self._in_flight[kernel_id]:
@@ -73,53 +127,45 @@ class KernelRPC:
     def forget(self, kernel_id: str) -> None:
         """The kernel is gone for good: drop what was kept about our requests to it."""
         self._ended.pop(kernel_id, None)
-        self._sessions.pop(kernel_id, None)
+        self.release(kernel_id)
 
-    def _session(self, kernel_id: str, kernel: Any) -> Session:
-        """The session our requests to the kernel are signed in. Ours, one per kernel: a
-        copy of the manager's (as ``kernel.client()`` makes) would number its messages
-        from where the copy was made, so two calls at once (an autosave and a checkpoint)
-        could send the same message id and take each other's replies."""
-        session = self._sessions.get(kernel_id)
-        if session is None or session.key != kernel.session.key:
-            session = Session(
-                key=kernel.session.key, signature_scheme=kernel.session.signature_scheme
-            )
-            self._sessions[kernel_id] = session
-        return session
+    def release(self, kernel_id: str) -> None:
+        """The kernel's process stops: close our streams to it (ZMQ would otherwise keep
+        reconnecting to its closed ports). Requests still waiting on them fail."""
+        for key in [key for key in self._channels if key[0] == kernel_id]:
+            self._channels.pop(key).close()
 
-    async def _request(self, kernel_id: str, send: str, timeout: float, **content: Any) -> dict:
+    def _channel(self, kernel_id: str, kernel: Any, channel: str) -> _Channel:
+        """Our stream to the kernel's process now; a new one for a new process."""
+        key = (kernel_id, channel)
+        stream = self._channels.get(key)
+        if stream is None or not stream.serves(kernel):
+            self.release(kernel_id)
+            stream = self._channels[key] = _Channel(kernel, channel)
+        return stream
+
+    async def _request(
+        self, kernel_id: str, send: str, timeout: float, channel: str, **content: Any
+    ) -> dict:
         kernel = self.kernel_manager.get_kernel(kernel_id)
         pid = self.pid(kernel_id)
-        session = self._session(kernel_id, kernel)
-        # A shell stream of its own (the kernel replies to the socket that asked) on the
-        # manager's ZMQ context, rather than a kernel client: making a client, with its
-        # own context and every channel, cost the server twice the whole call.
-        stream = kernel.connect_shell()
-        replies: asyncio.Queue[list[bytes]] = asyncio.Queue()
-        stream.on_recv(replies.put_nowait)
+        stream = self._channel(kernel_id, kernel, channel)
+        msg_id, reply = stream.send(f"{send}_request", content)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
-            request = session.msg(f"{send}_request", content)
-            session.send(stream, request)
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
                     raise SuspendFailed(f"the kernel did not answer within {timeout:.0f} s")
-                try:
-                    received = await asyncio.wait_for(replies.get(), min(left, _LIVENESS_POLL))
-                except asyncio.TimeoutError:
-                    alive = await ensure_async(kernel.is_alive())
-                    if not alive or self.pid(kernel_id) != pid:
-                        raise SuspendFailed("the kernel's process died") from None
-                    continue
-                _, parts = session.feed_identities(received)
-                reply = session.deserialize(parts)
-                if reply["parent_header"].get("msg_id") == request["header"]["msg_id"]:
-                    return reply["content"]
+                await asyncio.wait([reply], timeout=min(left, _LIVENESS_POLL))
+                if reply.done():
+                    return reply.result()
+                alive = await ensure_async(kernel.is_alive())
+                if not alive or self.pid(kernel_id) != pid:
+                    raise SuspendFailed("the kernel's process died")
         finally:
-            stream.close(linger=0)
+            stream.waiting.pop(msg_id, None)
 
     async def call(self, kernel_id: str, call: str, timeout: float) -> dict[str, Any]:
         """Evaluate ``jupyter_ckpt.kernel.<call>`` silently in the kernel; its JSON result."""

@@ -5,10 +5,11 @@ Reopening a notebook or console must not wake a GPU kernel, so what JupyterLab, 
 and consoles send on every connect or reconnect is answered without the kernel: kernel
 info from the kernel info saved at suspend time, comm info with no comms (a restored
 kernel has none), history from the input history in the kernel's image, and the
-widget manager's control comm is closed as a kernel without widgets closes it. Only the
+widget manager's control comm is closed as a kernel without widgets closes it; the
+debugger's question about its state is answered from the facts saved at suspend. Only the
 messages in :data:`WAKING` restore the kernel: running code, and completion or inspection
-while the user types. Any other message (a debugger probing on the control channel, a
-shutdown or interrupt request) waits, without waking the kernel, until it is restored.
+while the user types. Any other message (the debugger's other requests, a shutdown or
+interrupt request) waits, without waking the kernel, until it is restored.
 Queued messages are then handed, in order, to the server's ordinary connection, which
 takes over the socket.
 """
@@ -166,6 +167,10 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
                 return
             if msg_type in ("comm_open", "comm_msg") and self._is_probe(incoming_msg, header):
                 return
+            if msg_type == "debug_request" and self._answer_debug_info(
+                channel, header, parse_ws_content(incoming_msg, self._protocol)
+            ):
+                return
         self._queue.append(incoming_msg)
         if not suspended or (channel == "shell" and header.get("msg_type") in WAKING):
             self._start_restore("message")
@@ -180,6 +185,25 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
             close: dict[str, Any] = {"comm_id": comm_id, "data": {}}
             self._send("iopub", self.session.msg("comm_close", close, parent=header))
         return comm_id in self._probes
+
+    def _answer_debug_info(self, channel: str, header: dict[str, Any], request: dict) -> bool:
+        """Answer the debugger's ``debugInfo``, which JupyterLab sends on every connect to
+        a kernel with a debugger, from the facts the kernel gave at suspend: not started,
+        no breakpoints, as the restored kernel's debugger will be. (Left waiting, it
+        fails when the socket closes: "Could not restore the debugger state".) Other
+        debug requests wait for the restore."""
+        saved = self.manager.lifecycles[self.kernel_id].record.get("debug_info")
+        if request.get("command") != "debugInfo" or not saved:
+            return False
+        content = {
+            "type": "response",
+            "request_seq": request.get("seq"),
+            "success": True,
+            "command": "debugInfo",
+            "body": {**saved, "isStarted": False, "breakpoints": [], "stoppedThreads": []},
+        }
+        self._reply(channel, header, "debug_reply", content)
+        return True
 
     def _answer_history(self, channel: str, header: dict[str, Any], request: dict) -> None:
         """Reply to a history request from the image, read on a thread (the manifest is

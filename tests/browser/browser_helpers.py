@@ -158,6 +158,17 @@ def assert_inside(inner: Locator, outer: Locator) -> None:
     assert b["x"] <= a["x"] and a["x"] + a["width"] <= b["x"] + b["width"] + 0.5, (a, b)
 
 
+def page_problems(page: Page) -> list[str]:
+    """The errors the page logs or throws from now on: a list that fills as they come."""
+    problems: list[str] = []
+    page.on(
+        "console",
+        lambda m: problems.append(f"console.{m.type}: {m.text}") if m.type == "error" else None,
+    )
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    return problems
+
+
 def wait_until(
     condition: Callable[[], bool], timeout: float, what: str | Callable[[], str]
 ) -> None:

@@ -13,6 +13,7 @@ from browser_helpers import (
     image_row,
     open_notebook,
     open_panel,
+    page_problems,
     run_cell,
     saved_image_id,
     screenshot,
@@ -47,6 +48,7 @@ def open_console(page: Page) -> None:
 
 
 def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> None:
+    problems = page_problems(page)
     first, second = lab.notebook("reopen-a.ipynb"), lab.notebook("reopen-b.ipynb")
     open_notebook(page, lab, second)
     run_cell(page, "b = 2")
@@ -93,6 +95,7 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     assert console in asleep
     assert all(ckpt_state(lab, k) == "suspended" and not has_process(k) for k in asleep)
     expect(status).to_contain_text("suspends in")
+    assert problems == [], "the page logged errors"
 
 
 def test_resume_of_a_closed_notebook_replaces_its_suspended_kernel(page: Page, lab: Lab) -> None:

@@ -197,6 +197,7 @@ async def test_a_kernel_that_does_not_answer_counts_as_busy(jp_fetch, connect, m
     await stopped.wait()
     try:
         await poll(lambda: manager.kernel_manager.get_kernel(kernel_id).execution_state == "idle")
+        await poll(lambda: monitor.assess_all()[0].due, what="the kernel due")
         assert await monitor.tick() == []
         blocked = (await status_of(jp_fetch, kernel_id))["blocked_by"]
         assert blocked == ["the kernel did not answer the activity check"]

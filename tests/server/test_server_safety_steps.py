@@ -143,7 +143,8 @@ async def test_control_messages_to_a_suspended_kernel_are_answered_after_restore
     km = manager.kernel_manager
 
     client = await connect(kernel_id)
-    debug = {"command": "debugInfo", "seq": 1, "type": "request", "arguments": {}}
+    # (not debugInfo: that one is answered from what the kernel said at suspend)
+    debug = {"command": "inspectVariables", "seq": 1, "type": "request", "arguments": {}}
     debug_id = client.send("debug_request", debug, channel="control")
     # messages are handled in order: once this is answered, the control message was seen
     await client.reply_to(client.send("kernel_info_request", {}))
@@ -161,7 +162,7 @@ async def test_control_messages_to_a_suspended_kernel_are_answered_after_restore
 
     (answer,) = await poll(debug_reply, what="the held debug_request's reply")
     assert answer["channel"] == "control"
-    assert answer["content"]["success"] and answer["content"]["command"] == "debugInfo"
+    assert answer["content"]["success"] and answer["content"]["command"] == "inspectVariables"
     reply, outputs = await client.execute("print(kept)")
     assert (reply["status"], text_of(outputs)) == ("ok", "yes\n"), "the state came back"
 

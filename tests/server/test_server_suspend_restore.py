@@ -54,7 +54,15 @@ async def test_suspended_kernel_keeps_id_and_session_then_restores_on_execute(
     client = await connect(kernel_id)
     info = await client.reply_to(client.send("kernel_info_request", {}))
     assert info["content"]["implementation"] == "ipython"
-    client.send("debug_request", {"command": "debugInfo"}, channel="control")
+    # JupyterLab's debugger asks for its state: answered from what the kernel said at
+    # suspend, as not started (a restored kernel's debugger starts off)
+    ask = {"type": "request", "seq": 7, "command": "debugInfo", "arguments": {}}
+    debug = await client.reply_to(
+        client.send("debug_request", ask, channel="control"), channel="control"
+    )
+    assert debug["content"]["request_seq"] == 7 and debug["content"]["success"]
+    assert debug["content"]["body"]["hashMethod"] == "Murmur2"
+    assert debug["content"]["body"]["isStarted"] is False
     comms = await client.reply_to(client.send("comm_info_request", {}))
     assert comms["content"] == {"status": "ok", "comms": {}}
     # JupyterLab 4 asks for the input history on connect: answered from the image
