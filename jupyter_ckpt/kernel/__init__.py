@@ -21,6 +21,7 @@ from ..store.progress import Progress
 from . import background
 from .activity import describe as describe
 from .state import (
+    adopt,
     apply_kernel_facts,
     defining_cells,
     expand_history,
@@ -124,9 +125,15 @@ class KernelSession:
         )
 
     def restore(
-        self, ref: str, map_location: str | None = None, progress: str | None = None
+        self,
+        ref: str,
+        map_location: str | None = None,
+        progress: str | None = None,
+        kernel_id: str | None = None,
+        notebook: str | None = None,
     ) -> dict[str, Any]:
         started = time.perf_counter()
+        adopt(self.shell, kernel_id, notebook)
         manifest = self.store.open(ref)
         opened = time.perf_counter()
         segments = self.store.read_segments(manifest, Progress(progress))
@@ -266,9 +273,16 @@ def checkpoint(
 
 
 def restore(
-    ref: str, map_location: str | None = None, progress: str | None = None
+    ref: str,
+    map_location: str | None = None,
+    progress: str | None = None,
+    kernel_id: str | None = None,
+    notebook: str | None = None,
 ) -> dict[str, Any]:
-    return session().restore(ref, map_location, progress)
+    """Restore image ``ref`` into this kernel. The server names the kernel it restores
+    (``kernel_id``, and the ``notebook`` it runs for): it may be a process it started
+    ahead, as no one's (see ``jupyter_ckpt_server.standby``)."""
+    return session().restore(ref, map_location, progress, kernel_id, notebook)
 
 
 def still_unsaveable() -> list[str]:

@@ -146,7 +146,24 @@ def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
     return warnings
 
 
+# the id a server gave this kernel when it took over a process started ahead (see adopt)
+_ADOPTED_ID: str | None = None
+
+
+def adopt(shell: Any, kernel_id: str | None, notebook: str | None) -> None:
+    """This process, started ahead by the server as no one's, is now kernel
+    ``kernel_id`` of ``notebook``: as if it had been launched so (the notebook's name in
+    its environment, not counted as the user's change, and in ``__session__``)."""
+    global _ADOPTED_ID
+    _ADOPTED_ID = kernel_id or _ADOPTED_ID
+    if notebook and os.environ.get("JPY_SESSION_NAME") != notebook:
+        os.environ["JPY_SESSION_NAME"] = _LAUNCH_ENV["JPY_SESSION_NAME"] = notebook
+        shell.user_ns["__session__"] = notebook
+
+
 def kernel_id() -> str | None:
+    if _ADOPTED_ID:
+        return _ADOPTED_ID
     try:
         from ipykernel.connect import get_connection_file
 

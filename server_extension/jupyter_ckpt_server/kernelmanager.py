@@ -219,6 +219,17 @@ class CkptKernelManager(AsyncMappingKernelManager):
         return kernel_id
 
     start_kernel = _async_start_kernel  # type: ignore[assignment]
+    start_kernel = _async_start_kernel  # type: ignore[assignment]
+
+    def pre_start_kernel(self, kernel_name: str | None, kwargs: Any) -> tuple[Any, str, str]:
+        """The manager of a kernel about to start: for a restore, the process standing
+        by for its spec when there is one (see :mod:`.standby`)."""
+        manager, kernel_name, kernel_id = super().pre_start_kernel(kernel_name, kwargs)
+        if self.lifecycles is not None and restoring.get() == kernel_id:
+            standby = self.lifecycles.standby.take(kernel_name, kwargs.get("env") or {})
+            if standby is not None:
+                return standby, kernel_name, kernel_id
+        return manager, kernel_name, kernel_id
 
     async def _async_shutdown_kernel(  # type: ignore[override]
         self, kernel_id: str, now: bool = False, restart: bool = False
@@ -241,6 +252,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
         running kernel's last autosave stays recoverable), unlike a user's shutdown."""
         if self.lifecycles is not None:
             self.lifecycles.stopping = True
+            await self.lifecycles.standby.close()
         await super()._async_shutdown_all(now=now)
 
     shutdown_all = _async_shutdown_all  # type: ignore[assignment]

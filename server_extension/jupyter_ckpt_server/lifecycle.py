@@ -77,6 +77,7 @@ from .progress import ProgressWatch
 from .readahead import readahead
 from .recovery import recovered_field, recovery_message, server_identity, writer_alive
 from .rpc import Aborted, KernelRPC, NothingToSave, SuspendFailed
+from .standby import Standby
 from .timeline import Timeline
 
 # how often at most a running record is rewritten with the cells run since its image
@@ -279,6 +280,7 @@ class Lifecycles:
         self.restore_count = 0
         self._resumes: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
         self._tasks: set[asyncio.Future[Any]] = set()  # see _background
+        self.standby = Standby(kernel_manager, rpc, log)
 
     # -- lookups ----------------------------------------------------------------------------
 
@@ -909,6 +911,7 @@ class Lifecycles:
         was = lc.state
         lc.abort = None
         lc.move("suspend")
+        self.keep_standby()  # started while the image is written, ready for its restore
         cells = lc.cells
         written = None  # the image this suspend wrote, removed if the suspend fails
         recorded = False
@@ -1110,13 +1113,15 @@ class Lifecycles:
         lc.timeline = timeline
         lc.delivered = asyncio.Event()
         lc.move("restore")
+        env = {**os.environ, **record.get("env", {}), **self._notebook_env(record)}
+        await self.standby.started(record["kernel_name"])
         token = restoring.set(kernel_id)
         try:
             await km.start_kernel(
                 kernel_id=kernel_id,
                 kernel_name=record["kernel_name"],
                 path=record.get("path"),
-                env={**os.environ, **record.get("env", {}), **self._notebook_env(record)},
+                env=env,
             )
         except Exception as exc:
             lc.state = S.SUSPENDED
@@ -1135,7 +1140,12 @@ class Lifecycles:
             await self._step("restore", kernel_id)
             self._check(lc)
             async with self.progress.watch(kernel_id, "restore") as progress:
-                call = f"restore({record['image_id']!r}, progress={progress!r})"
+                # who the kernel is: a process that stood by was started as no one
+                notebook = env.get("JPY_SESSION_NAME")
+                call = (
+                    f"restore({record['image_id']!r}, progress={progress!r}, "
+                    f"kernel_id={kernel_id!r}, notebook={notebook!r})"
+                )
                 timeline.mark("restore request sent")
                 report.update(await self.rpc.call(kernel_id, call, self.policy.checkpoint_timeout))
             timeline.kernel_steps(report.pop("steps", {}))
@@ -1168,6 +1178,17 @@ class Lifecycles:
         timeline.mark("record written")
         self._background(self._report_restore(lc, trigger, report, timeline, lc.delivered))
         return report
+
+    def keep_standby(self) -> None:
+        """A process standing by for each spec of the kernels suspended or being
+        suspended, and none for others (see :mod:`.standby`)."""
+        if self.stopping:
+            return
+        names = {lc.record["kernel_name"] for lc in self.in_state(S.SUSPENDED) if lc.record}
+        for lc in self.in_state(S.SUSPENDING):
+            if self.km.has_process(lc.kernel_id):
+                names.add(self.km.get_kernel(lc.kernel_id).kernel_name)
+        self.standby.want(names, {**os.environ, **self.km.ckpt_env})
 
     def _background(self, work: Awaitable[Any]) -> None:
         """Run ``work`` on its own; its failure is logged, not raised."""

@@ -364,6 +364,7 @@ class IdleMonitor:
             with contextlib.suppress(SuspendFailed):
                 await self.manager.suspend(assessment.kernel_id, trigger="idle")
                 suspended.append(assessment.kernel_id)
+        self.manager.lifecycles.keep_standby()
         if time.monotonic() - self._retention_at > RETENTION_EVERY_SECONDS:
             self._retention_at = time.monotonic()
             await self.manager.enforce_retention()

@@ -2,7 +2,8 @@
 
 A test says when a kernel has been idle long enough (``POST /api/idle-clock/<kernel id>``
 with ``{"seconds": N}``) instead of racing a short idle timeout on a loaded machine: the
-idle monitor, unchanged, suspends the kernel at its next check.
+idle monitor, unchanged, suspends the kernel at its next check. ``GET`` on the same route
+gives the kernel's process id (null when it has none), for a test to look at the process.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from tornado import web
 
 
 class IdleClockHandler(APIHandler):
+    @web.authenticated
+    def get(self, kernel_id: str) -> None:
+        km = self.kernel_manager
+        kernel = km.get_kernel(kernel_id) if km.is_running(kernel_id) else None
+        self.finish({"pid": getattr(getattr(kernel, "provisioner", None), "pid", None)})
+
     @web.authenticated
     def post(self, kernel_id: str) -> None:
         seconds = float(json.loads(self.request.body)["seconds"])

@@ -31,11 +31,21 @@ def connections(lab: Lab, kernel_id: str) -> int:
 
 
 def has_process(kernel_id: str) -> bool:
-    """A kernel process for ``kernel_id`` exists (its connection file names the id)."""
+    """A process launched for ``kernel_id`` exists (its connection file names the id)."""
     for process in psutil.process_iter(["cmdline"]):
         if any(f"kernel-{kernel_id}.json" in part for part in process.info["cmdline"] or ()):
             return True
     return False
+
+
+def runs_in_a_process(lab: Lab, kernel_id: str) -> bool:
+    """The kernel has a live kernel process (one launched for it, or one that stood by and
+    that its restore took over: its connection file names another id)."""
+    pid = lab.api("GET", f"api/idle-clock/{kernel_id}")["pid"]
+    try:
+        return pid is not None and "ipykernel" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
 
 
 def open_console(page: Page) -> None:
@@ -90,7 +100,7 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     # running a cell restores that notebook's kernel only
     expect(run_cell(page, "a + 41")).to_contain_text("42")
     woken = lab.kernel_of(first)
-    assert ckpt_state(lab, woken) == "running" and has_process(woken)
+    assert ckpt_state(lab, woken) == "running" and runs_in_a_process(lab, woken)
     asleep = [k for k in kernels if k != woken]
     assert console in asleep
     assert all(ckpt_state(lab, k) == "suspended" and not has_process(k) for k in asleep)

@@ -19,8 +19,10 @@ STATE_BYTES = 5 * 5_000_000 * 8
 @pytest.fixture
 def jp_server_config() -> dict[str, Any]:
     config = json.loads(json.dumps(SERVER_CONFIG))
-    # polled more often than by default, so that even a fast disk shows a step between
-    config["CkptManager"] = {"progress_interval": 0.05}
+    # polled more often than by default, so that even a fast disk shows a step between;
+    # arrays read, not mapped (a mapped restore reads them after its first result)
+    config["CkptManager"] = {"progress_interval": 0.01}
+    config["ImageStore"] = {"map_buffers": False}
     return config
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -62,13 +63,18 @@ class Messages(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def kernel_processes(kernel_id: str) -> set[int]:
+def kernel_processes(kernel_id: str, manager: Any) -> set[int]:
     """Processes under this server (the test process) running kernel ``kernel_id``: its
-    command line names the kernel's connection file."""
+    command line names the kernel's connection file (``kernel-<id>.json``, or, for a
+    process that stood by and that a restore took over, the file it started with)."""
+    names = {f"kernel-{kernel_id}.json"}
+    km = manager.kernel_manager
+    if km.is_running(kernel_id):
+        names.add(os.path.basename(km.get_kernel(kernel_id).connection_file))
     found = set()
     for proc in psutil.Process().children(recursive=True):
         try:
-            if any(f"kernel-{kernel_id}" in arg for arg in proc.cmdline()):
+            if any(name in arg for arg in proc.cmdline() for name in names):
                 found.add(proc.pid)
         except psutil.Error:
             continue
@@ -91,7 +97,7 @@ async def test_an_image_that_fails_verification_keeps_the_kernel_running(
     assert AlteringStore.altered == 1
     km = manager.kernel_manager
     assert km.is_running(kernel_id) and not km.is_suspended(kernel_id)
-    assert kernel_processes(kernel_id) == {pid}, "the same process, never shut down"
+    assert kernel_processes(kernel_id, manager) == {pid}, "the same process, never shut down"
     reply, outputs = await client.execute("print(sum(state))")
     assert (reply["status"], text_of(outputs)) == ("ok", "499500\n")
     assert manager.records.all() == ({}, {})
@@ -178,19 +184,19 @@ def _replies_to(client: Any, msg_id: str) -> list[dict[str, Any]]:
 async def test_clients_reconnecting_together_start_one_kernel_process(jp_fetch, connect, manager):
     _, kernel_id = await start_session(jp_fetch)
     await (await connect(kernel_id)).execute("z = 40\nhits = []")
-    old = kernel_processes(kernel_id)
+    old = kernel_processes(kernel_id, manager)
     assert len(old) == 1
     await manager.suspend(kernel_id)
-    await poll(lambda: not kernel_processes(kernel_id), what="the kernel process to exit")
+    await poll(lambda: not kernel_processes(kernel_id, manager), what="the kernel process to exit")
 
     clients = [await connect(kernel_id) for _ in range(3)]
     together = asyncio.gather(*(c.execute(f"hits.append(z + {n})") for n, c in enumerate(clients)))
     started: set[int] = set()
     while not together.done():  # every kernel process that lives while they reconnect
-        started |= kernel_processes(kernel_id)
+        started |= kernel_processes(kernel_id, manager)
         await asyncio.sleep(0.02)
     results = await together
-    started |= kernel_processes(kernel_id)
+    started |= kernel_processes(kernel_id, manager)
 
     assert [reply["status"] for reply, _ in results] == ["ok"] * 3
     _, outputs = await clients[0].execute("print(sorted(hits))")

@@ -1,0 +1,97 @@
+"""A restore takes over a kernel process started ahead (see jupyter_ckpt_server.standby):
+the kernel it brings back is the suspended one in every way a user or the server sees."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+from server_helpers import FakeNvml, get_json, poll, start_session, text_of
+
+from jupyter_ckpt.gpu import GpuProbe
+
+WHO = (
+    "import os; from jupyter_ckpt.kernel.state import kernel_id; "
+    "print(x + 1, os.getpid(), __session__, os.environ['JPY_SESSION_NAME'], kernel_id())"
+)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def test_a_restore_takes_over_the_process_standing_by(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch, "standby.ipynb")
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    standby = manager.lifecycles.standby
+    pid = await poll(lambda: standby.pids().get("python3"), what="a process standing by")
+    # a standby is no kernel of the kernels API
+    assert [k["id"] for k in await get_json(jp_fetch, "api", "kernels")] == [kernel_id]
+
+    client = await connect(kernel_id)  # the suspend closed the first socket
+    reply, outputs = await client.execute(WHO)
+    assert reply["status"] == "ok", reply
+    answer, process, session, notebook, said_id = text_of(outputs).split()
+    assert (answer, process, said_id) == ("42", str(pid), kernel_id)
+    assert session == notebook and notebook.endswith("/standby.ipynb")
+    assert manager.kernel_pid(kernel_id) == pid
+    assert standby.pids() == {}
+    # the next image is named for its notebook, as any kernel's is
+    r = await jp_fetch("api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body="")
+    assert json.loads(r.body)["name"] == "standby"
+
+    # a restart launches the kernel as it would have been launched: a new process
+    await jp_fetch("api", "kernels", kernel_id, "restart", method="POST", body="")
+    await poll(lambda: manager.kernel_pid(kernel_id) not in (None, pid), what="a new process")
+    reply, outputs = await client.execute("import os; print(os.environ['JPY_SESSION_NAME'])")
+    assert text_of(outputs).strip() == notebook
+
+
+async def test_no_process_stands_by_without_a_suspended_kernel(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("x = 1")
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    standby = manager.lifecycles.standby
+    pid = await poll(lambda: standby.pids().get("python3"), what="a process standing by")
+    # the user shuts the suspended kernel down: nothing is left to restore
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    manager.lifecycles.keep_standby()
+    await poll(lambda: _gone(pid), what="the standby stopped")
+    assert standby.pids() == {}
+
+
+async def test_the_process_standing_by_stops_with_the_server(jp_fetch, connect, manager):
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("x = 1")
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    pid = await poll(lambda: manager.lifecycles.standby.pids().get("python3"), what="a standby")
+    await manager.kernel_manager.shutdown_all()
+    assert _gone(pid)
+
+
+async def test_a_process_standing_by_that_holds_gpu_memory_is_never_used(
+    jp_fetch, connect, manager
+):
+    """A startup file that initializes CUDA would make every standby hold GPU memory: the
+    restore starts its kernel as before, and no standby is kept for that spec again."""
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("x = 41")
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    standby = manager.lifecycles.standby
+    pid = await poll(lambda: standby.pids().get("python3"), what="a process standing by")
+    manager.probe = GpuProbe(FakeNvml({0: [(pid, 512 * 2**20)]}))
+
+    client = await connect(kernel_id)
+    reply, outputs = await client.execute("import os; print(x + 1, os.getpid())")
+    assert reply["status"] == "ok", reply
+    answer, process = text_of(outputs).split()
+    assert answer == "42" and process != str(pid), "a kernel of its own, not the standby"
+    await poll(lambda: _gone(pid), what="the standby stopped")
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    manager.lifecycles.keep_standby()
+    assert standby.pids() == {} and not standby._starting, "none started for that spec again"
