@@ -163,7 +163,8 @@ class KernelRPC:
                     return reply.result()
                 alive = await ensure_async(kernel.is_alive())
                 if not alive or self.pid(kernel_id) != pid:
-                    raise SuspendFailed("the kernel's process died")
+                    # (an interrupt as a restarted process starts kills it, for one)
+                    raise NothingToSave("the kernel's process died")
         finally:
             stream.waiting.pop(msg_id, None)
 
