@@ -115,9 +115,11 @@ async def one_round(server: Server, size: int, store: Path, conditions: Conditio
     }
 
 
-async def run(size: int, rounds: int, tmp: Path, map_buffers: bool) -> None:
+async def run(size: int, rounds: int, tmp: Path, map_buffers: bool, standby: bool) -> None:
     server = Server(
-        tmp, f"c.SuspendPolicy.autosave_interval = 0\nc.ImageStore.map_buffers = {map_buffers}\n"
+        tmp,
+        "c.SuspendPolicy.autosave_interval = 0\n"
+        f"c.ImageStore.map_buffers = {map_buffers}\nc.CkptManager.standby_kernel = {standby}\n",
     )
     conditions = Conditions(prefault_factor=1.0)
     results = []
@@ -144,7 +146,8 @@ async def run(size: int, rounds: int, tmp: Path, map_buffers: bool) -> None:
     print()
     print(
         f"state {human_size(size)} of numpy arrays ({human_size(median['bytes'])} in chunks, "
-        f"{human_size(mapped)} mapped); {rounds} rounds (median); map_buffers={map_buffers}"
+        f"{human_size(mapped)} mapped); {rounds} rounds (median); map_buffers={map_buffers}, "
+        f"standby_kernel={standby}"
     )
     print(conditions.describe())
     rows = [
@@ -179,9 +182,14 @@ def main() -> None:
     parser.add_argument(
         "--no-map", action="store_true", help="ImageStore.map_buffers = False: read the state"
     )
+    parser.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="CkptManager.standby_kernel = False: the restore starts its kernel",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        asyncio.run(run(args.size, args.rounds, Path(tmp), not args.no_map))
+        asyncio.run(run(args.size, args.rounds, Path(tmp), not args.no_map, not args.no_standby))
 
 
 if __name__ == "__main__":
