@@ -219,7 +219,6 @@ class CkptKernelManager(AsyncMappingKernelManager):
         return kernel_id
 
     start_kernel = _async_start_kernel  # type: ignore[assignment]
-    start_kernel = _async_start_kernel  # type: ignore[assignment]
 
     def pre_start_kernel(self, kernel_name: str | None, kwargs: Any) -> tuple[Any, str, str]:
         """The manager of a kernel about to start: for a restore, the process standing

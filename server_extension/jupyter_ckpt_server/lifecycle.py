@@ -465,7 +465,7 @@ class Lifecycles:
         subscription (stop on False): the cells run since its last image, and whether a
         client ran one during a suspend."""
         if not start:
-            self.rpc.release(kernel_id)  # the process stops: so does our shell stream
+            self.rpc.release(kernel_id)  # the process stops: so do our streams to it
         lc = self.kernels.get(kernel_id)
         if lc is None and not start:
             return
