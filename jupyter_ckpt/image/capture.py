@@ -20,15 +20,18 @@ import re
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any
 
+import cloudpickle
 from cloudpickle import cloudpickle as _cp
 
+from .. import process
 from ..store import BUFFER_BYTES, CHUNK_SIZE
-from . import devices
+from . import devices, module_objects
 from . import pickler as _pickler
 from .identity import same_state
 from .stream import Stream
@@ -185,6 +188,73 @@ def _provides(dist: metadata.Distribution, module: str) -> bool:
     return re.search(pattern, record, re.MULTILINE) is not None
 
 
+@dataclass
+class _Pickled:
+    """One pass of pickling a namespace (see :func:`_pickle_all`)."""
+
+    stream: Stream
+    records: dict[str, dict[str, Any]]
+    imports: list[dict[str, Any]]
+    names: list[str]  # the stream's entries: variables, then process states
+    process_lost: dict[str, str]
+
+
+def _pickle_all(
+    variables: dict[str, Any],
+    namespace: dict[str, Any],
+    exclude: set[str],
+    sources: dict[str, tuple[str, str]],
+    process_states: dict[str, Any],
+    by_value: frozenset[str] = frozenset(),
+) -> _Pickled:
+    """Every variable into one stream, then the process states; an import of a module in
+    ``by_value`` is saved by value, as its module's classes and functions are."""
+    pickled = _Pickled(Stream(namespace, module_objects.index()), {}, [], [], {})
+    for var, value in variables.items():
+        record = {"name": var, "type": type_name(value), **array_facts(value)}
+        pickled.records[var] = record
+        if var in exclude:
+            record.update(status="excluded", reason="excluded with %ckpt exclude")
+            continue
+        imported = import_record(var, value, sources)
+        if imported is not None and not _within(imported["module"], by_value):
+            pickled.imports.append(imported)
+            record.update(status="imported", module=imported["module"])
+            continue
+        try:
+            nbytes, devices = pickled.stream.add(value)
+        except Exception as exc:
+            record.update(status="lost", reason=f"{type(exc).__name__}: {exc}")
+            continue
+        record.update(status="saved", bytes=nbytes, devices=sorted(devices))
+        pickled.names.append(var)
+    for provider, state in process_states.items():
+        try:
+            pickled.stream.add(state)
+        except Exception as exc:
+            pickled.process_lost[provider] = f"{type(exc).__name__}: {exc}"
+            continue
+        pickled.names.append(process.PREFIX + provider)
+    return pickled
+
+
+def _within(module: str, packages: frozenset[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+@contextlib.contextmanager
+def _saved_by_value(modules: Iterable[str]) -> Iterator[None]:
+    """cloudpickle saves the classes and functions of ``modules`` by value meanwhile."""
+    registered = [sys.modules[m] for m in modules if m in sys.modules]
+    for module in registered:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        for module in registered:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
 def capture(
     variables: dict[str, Any],
     namespace: dict[str, Any],
@@ -198,6 +268,9 @@ def capture(
     verify: bool = False,
     trigger: str | None = None,
     newest: dict[str, Any] | None = None,
+    process_states: dict[str, Any] | None = None,
+    process_lost: dict[str, str] | None = None,
+    fresh_kernel: process.FreshKernel | None = None,
 ) -> dict[str, Any]:
     """Pickle ``variables`` (functions bound to ``namespace``) through ``writer``; return
     the committed manifest. Copies made for writing (device data to the host, packed
@@ -208,44 +281,52 @@ def capture(
     (``manual``, ``autosave``, ``idle``, ``shutdown``...), shown with it. ``newest``: the
     manifest of the kernel's newest image; when this save holds the same state (see
     :mod:`.identity`) no image is written and that manifest comes back, with
-    ``unchanged`` (this save's time and execution count) added."""
-    records: dict[str, dict[str, Any]] = {}
-    imports = []
-    stream = Stream(namespace)
-    names: list[str] = []
+    ``unchanged`` (this save's time and execution count) added.
+
+    ``process_states``: the process-state providers' states (:mod:`jupyter_ckpt.process`),
+    saved in the stream after the variables; ``process_lost``: providers whose state
+    could not be read, and why. ``fresh_kernel``: how a restore's kernel starts; the
+    modules the image refers to that it would not import as this kernel did (a module
+    from a folder since removed, or made in memory) are saved by value, and named in the
+    manifest's ``warnings``."""
     sources = history_sources((kernel or {}).get("history", {}).get("raw", []))
-    for var, value in variables.items():
-        record = records[var] = {"name": var, "type": type_name(value), **array_facts(value)}
-        if var in exclude:
-            record.update(status="excluded", reason="excluded with %ckpt exclude")
-            continue
-        imported = import_record(var, value, sources)
-        if imported is not None:
-            imports.append(imported)
-            record.update(status="imported", module=imported["module"])
-            continue
-        try:
-            nbytes, devices = stream.add(value)
-        except Exception as exc:
-            record.update(status="lost", reason=f"{type(exc).__name__}: {exc}")
-            continue
-        record.update(status="saved", bytes=nbytes, devices=sorted(devices))
-        names.append(var)
+    states = process_states or {}
+    pickled = _pickle_all(variables, namespace, exclude, sources, states)
+    warnings: list[str] = []
+    if fresh_kernel is not None:
+        refused = fresh_kernel.unimportable(
+            pickled.stream.pickler.modules | {i["module"] for i in pickled.imports}
+        )
+        if refused:
+            with _saved_by_value(refused):
+                pickled = _pickle_all(
+                    variables, namespace, exclude, sources, states, frozenset(refused)
+                )
+            warnings += [
+                f"module {m}: {why}; its classes and functions were saved with the image"
+                for m, why in sorted(refused.items())
+            ]
+    stream, records, names = pickled.stream, pickled.records, pickled.names
+    lost_states = {**(process_lost or {}), **pickled.process_lost}
 
     verified = None
     if verify and names:
         started = time.perf_counter()
-        for var, reason in verify_stream(stream, names).items():
-            records[var].update(status="lost", reason=f"saved, but would not load: {reason}")
-            records[var].pop("bytes", None)
+        failed = verify_stream(stream, names)
+        for entry, reason in failed.items():
+            if entry.startswith(process.PREFIX):
+                lost_states[entry.removeprefix(process.PREFIX)] = f"would not load: {reason}"
+                continue
+            records[entry].update(status="lost", reason=f"saved, but would not load: {reason}")
+            records[entry].pop("bytes", None)
         verified = round(time.perf_counter() - started, 6)
     try:
         group_entries = _write_stream(names, stream, writer, part_bytes(buffer_bytes))
     except BaseException:
         writer.abandon()
         raise
-    modules: set[str] = {i["module"].partition(".")[0] for i in imports}
-    modules |= stream.pickler.modules
+    modules: set[str] = {i["module"].partition(".")[0] for i in pickled.imports}
+    modules |= {m.partition(".")[0] for m in stream.pickler.modules}
 
     manifest: dict[str, Any] = {
         "name": name,
@@ -254,7 +335,13 @@ def capture(
         "trigger": trigger,
         "kernel": kernel or {},
         "variables": list(records.values()),
-        "imports": imports,
+        "imports": pickled.imports,
+        # what of the process was kept besides the variables, and what not (and why)
+        "process": {
+            "kept": sorted(s for s in states if s not in lost_states),
+            "lost": lost_states,
+        },
+        "warnings": warnings,
         "groups": group_entries,
         "excluded": sorted(exclude),
         "environment": {

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 from cloudpickle import cloudpickle as _cp
 
-from . import devices
+from . import devices, module_objects
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -72,6 +72,8 @@ def _set_function_state(func: types.FunctionType, state: tuple[dict, dict]) -> N
     slots = dict(slots)
     slots.pop("__globals__", None)
     slots.pop("_cloudpickle_submodules", None)
+    # Images written before closures kept their cells (see _cell_reduce) made each
+    # function with cells of its own, filled from these.
     closure = slots.pop("__closure__", None)
     if closure is not None:
         for cell, saved in zip(func.__closure__ or (), closure, strict=False):
@@ -81,6 +83,30 @@ def _set_function_state(func: types.FunctionType, state: tuple[dict, dict]) -> N
                 continue
     for key, value in slots.items():
         setattr(func, key, value)
+
+
+def _cell_reduce(cell: types.CellType) -> Any:
+    """A closure cell, made empty and filled afterwards: pickle's memo then hands the same
+    cell to every function that shares it (two closures over one ``nonlocal``), and a
+    cell that holds its own function (a recursive closure) is memoized before its
+    contents are saved."""
+    try:
+        contents = cell.cell_contents
+    except ValueError:
+        return _cp._make_empty_cell, ()
+    return _cp._make_empty_cell, (), (contents,), None, None, _fill_cell
+
+
+def _fill_cell(cell: types.CellType, state: tuple[Any]) -> None:
+    cell.cell_contents = state[0]
+
+
+def _with_slots(reduced: Any, cls: type) -> Any:
+    """cloudpickle's reduce of a class defined in the notebook, made with its
+    ``__slots__``: cloudpickle makes the class first and sets its attributes afterwards,
+    when ``__slots__`` no longer has an effect (instances would get a ``__dict__``)."""
+    func, (constructor, name, bases, kwargs, *rest), *state = reduced
+    return (func, (constructor, name, bases, {**kwargs, "__slots__": cls.__slots__}, *rest), *state)
 
 
 def _lru_cache(func: Any, maxsize: int | None, typed: bool) -> Any:
@@ -230,12 +256,20 @@ def _unevaluated(rebuild: Callable[..., Any], args: tuple) -> Any:
         return rebuild(*args)
 
 
+def _typed_tuple(cls: type) -> bool:
+    """A ``typing.NamedTuple`` class: made with its (empty) slots, it refuses others."""
+    import typing
+
+    return typing.NamedTuple in getattr(cls, "__orig_bases__", ())  # type: ignore[comparison-overlap]
+
+
 def _special(cls: type) -> bool:
     """Whether instances of ``cls`` may reduce differently one from another (by value or
     not, a view or an owner, on a device or not), so the answer for one does not hold
     for its class."""
     return (
         issubclass(cls, (type, types.FunctionType, io.IOBase))
+        or issubclass(cls, types.ModuleType)  # recorded in ``modules``, one by one
         or (cls.__module__, cls.__name__) in (("numpy", "ndarray"), ("torch", "Tensor"))
         or _array_subclass(cls)
         or _tensor_class(cls)  # a Parameter with a gradient or without
@@ -268,6 +302,7 @@ class CkptPickler(cloudpickle.Pickler):
         namespace: dict[str, Any],
         storages: dict[tuple[str, int], _StorageRef],
         trial: bool = False,
+        module_objects: dict[int, tuple[str, str]] | None = None,
     ) -> None:
         # a trial (see stream.Stream) only finds out whether a value pickles: device data
         # is not copied to the host for it
@@ -277,10 +312,17 @@ class CkptPickler(cloudpickle.Pickler):
         # cloudpickle's table is a ChainMap: looked up (a Python call and a KeyError) for
         # every instance of a class without a reducer of its own. A dict merged now, the
         # same lookups at C speed; the C pickler reads it in __init__.
-        self.dispatch_table = {**copyreg.dispatch_table, **cloudpickle.Pickler._dispatch_table}
+        self.dispatch_table = {
+            **copyreg.dispatch_table,
+            **cloudpickle.Pickler._dispatch_table,
+            types.CellType: _cell_reduce,
+        }
         super().__init__(file, protocol=PROTOCOL, buffer_callback=self._buffer_callback)
         self.namespace = namespace
         self.storages = storages
+        # library objects saved as references (see :mod:`.module_objects`)
+        self.module_objects = module_objects or {}
+        # every module the stream refers to: by its classes, functions and module objects
         self.modules: set[str] = set()
         self.devices: set[str] = set()
         # Arrays that own their memory, by address: tensors on that memory share it.
@@ -299,6 +341,10 @@ class CkptPickler(cloudpickle.Pickler):
         return False
 
     def reducer_override(self, obj: Any) -> Any:
+        where = self.module_objects.get(id(obj))
+        if where is not None:
+            self.modules.add(where[0])
+            return module_objects.lookup, where
         cls = type(obj)
         if cls in self._plain:  # called for every instance: the common case goes first
             return NotImplemented
@@ -310,7 +356,11 @@ class CkptPickler(cloudpickle.Pickler):
     def _reduce(self, obj: Any, cls: type) -> Any:
         module = getattr(cls, "__module__", None)
         if module and module != "builtins":
-            self.modules.add(module.partition(".")[0])
+            self.modules.add(module)
+        if isinstance(obj, types.ModuleType):
+            self.modules.add(obj.__name__)
+        elif isinstance(obj, (type, types.FunctionType)) and isinstance(obj.__module__, str):
+            self.modules.add(obj.__module__)
         if module == "numpy" and cls.__name__ == "ndarray":
             return self._reduce_ndarray(obj)
         if _array_subclass(cls):
@@ -329,6 +379,11 @@ class CkptPickler(cloudpickle.Pickler):
             by_value = self._reduce_notebook_object(obj)
             if by_value is not None:
                 return by_value
+        if isinstance(obj, type) and "__slots__" in vars(obj) and not _typed_tuple(obj):
+            reduced = super().reducer_override(obj)
+            if isinstance(reduced, tuple) and reduced[0] is _cp._make_skeleton_class:
+                return _with_slots(reduced, obj)
+            return reduced
         if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)):
             # cloudpickle would save a file opened for reading as a StringIO copy of its
             # contents; a restore that hands back something else than a file is worse than
@@ -365,6 +420,7 @@ class CkptPickler(cloudpickle.Pickler):
         code, _, name, defaults, closure = self._function_getnewargs(func)
         attrs, slots = _cp._function_getstate(func)
         slots["__globals__"] = {}
+        del slots["__closure__"]  # the function is made with its cells
         return (
             _cp._make_function,
             (code, _NAMESPACE_REF, name, defaults, closure),
@@ -373,6 +429,13 @@ class CkptPickler(cloudpickle.Pickler):
             None,
             _set_function_state,
         )
+
+    def _function_getnewargs(self, func: types.FunctionType) -> Any:
+        """cloudpickle's, with the function's own closure cells (see :func:`_cell_reduce`)
+        rather than new empty ones, so closures that share a cell share it after a
+        restore."""
+        code, base_globals, name, defaults, _ = super()._function_getnewargs(func)
+        return code, base_globals, name, defaults, func.__closure__
 
     def _reduce_ndarray(self, arr: Any) -> Any:
         if arr.dtype.hasobject:

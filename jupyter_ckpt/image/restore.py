@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import process
 from . import devices, pickler, stream
 
 
@@ -57,6 +58,9 @@ def restore(
         if var["status"] in ("lost", "excluded"):
             report.missing[var["name"]] = f"not saved: {var['reason']}"
     unsaved = set(report.missing)  # in the stream, but found not to load when it was saved
+    for provider, why in manifest.get("process", {}).get("lost", {}).items():
+        unsaved.add(process.PREFIX + provider)
+        report.warnings.append(f"{provider} was not saved: {why}")
 
     mapper = devices.DeviceMapper(devices.device_ops, manifest.get("devices", []), map_location)
     staged: dict[str, Any] = {}
@@ -92,6 +96,18 @@ def restore(
         except Exception as exc:
             report.missing[record["name"]] = f"cannot re-import {record['module']}: {exc}"
 
+    # The process state the variables lived in, before they are back (see
+    # :mod:`jupyter_ckpt.process`; sys.path and the working directory came first).
+    states = {
+        name.removeprefix(process.PREFIX): staged.pop(name)
+        for name in list(staged)
+        if name.startswith(process.PREFIX)
+    }
+    report.warnings.extend(process.apply_states(states, process.PROVIDERS))
+    for name in list(report.missing):
+        if name.startswith(process.PREFIX):
+            why = report.missing.pop(name)
+            report.warnings.append(f"{name.removeprefix(process.PREFIX)} not restored: {why}")
     namespace.update(staged)
     order = [v["name"] for v in manifest["variables"]]
     report.restored = [n for n in order if n in staged]

@@ -114,10 +114,13 @@ TRIAL_BYTES = 1 << 16
 class Stream:
     """Writes variables one after another into one pickle stream."""
 
-    def __init__(self, namespace: dict[str, Any]) -> None:
+    def __init__(
+        self, namespace: dict[str, Any], module_objects: dict[int, tuple[str, str]] | None = None
+    ) -> None:
         self.out = _Spool()
         self.namespace = namespace
-        self.pickler = _pickler.CkptPickler(self.out, namespace, {})
+        self.module_objects = module_objects
+        self.pickler = _pickler.CkptPickler(self.out, namespace, {}, module_objects=module_objects)
         # per variable: [start, end, first buffer, memo slots used up to its end]
         self.parts: list[list[int]] = []
         self.devices: set[str] = set()
@@ -154,7 +157,9 @@ class Stream:
         """Pickle ``value`` alone and throw the bytes away; raise as the stream's pickler
         would if it fails, before it has touched the stream. A value too big or too deep
         for a trial goes on to the stream's pickler, which copes."""
-        trial = _pickler.CkptPickler(_Capped(), self.namespace, {}, trial=True)
+        trial = _pickler.CkptPickler(
+            _Capped(), self.namespace, {}, trial=True, module_objects=self.module_objects
+        )
         try:
             trial.dump(value)
         except (_TooBig, RecursionError):

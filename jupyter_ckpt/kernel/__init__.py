@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from .. import image
+from .. import image, process
 from ..errors import CkptError
 from ..store import ImageStore, check_ref
 from ..store.mapping import Checker
@@ -24,7 +24,9 @@ from .state import (
     adopt,
     apply_kernel_facts,
     defining_cells,
+    enter_saved_place,
     expand_history,
+    fresh_kernel,
     kernel_facts,
     kernel_id,
     user_variables,
@@ -85,6 +87,7 @@ class KernelSession:
             newest = None if name else self.newest()
             # A name is looked up later like an id, so it obeys the same rules (no paths).
             name = check_ref(name, "image name") if name else _default_name()
+            states, lost_states = process.capture_states(process.PROVIDERS)
             manifest = image.capture(
                 user_variables(self.shell),
                 self.shell.user_ns,
@@ -97,6 +100,9 @@ class KernelSession:
                 verify=verify,
                 trigger=trigger,
                 newest=newest,
+                process_states=states,
+                process_lost=lost_states,
+                fresh_kernel=fresh_kernel(),
             )
         except Exception as exc:
             return {"error": _describe(exc)}
@@ -136,13 +142,16 @@ class KernelSession:
         adopt(self.shell, kernel_id, notebook)
         manifest = self.store.open(ref)
         opened = time.perf_counter()
+        facts = manifest.get("kernel", {})
+        place_warnings = enter_saved_place(facts)
         segments = self.store.read_segments(manifest, Progress(progress))
         report = image.restore(manifest, segments, self.shell.user_ns, map_location=map_location)
         segments.progress.finish()
         restored = time.perf_counter()
-        history = manifest.get("kernel", {}).get("history")
+        history = facts.get("history")
         cells = defining_cells(expand_history(history)[1], report.missing) if history else {}
-        report.warnings.extend(apply_kernel_facts(self.shell, manifest.get("kernel", {})))
+        report.warnings[:0] = place_warnings
+        apply_kernel_facts(self.shell, facts)
         self.excluded = set(manifest.get("excluded", []))
         self.last_image = manifest["id"]
         self.last_bytes = host_bytes(manifest)
@@ -160,7 +169,7 @@ class KernelSession:
                 "manifest": opened - started,
                 "read": segments.read_seconds,
                 "unpickle": restored - opened - segments.read_seconds,
-                "history and working directory": time.perf_counter() - restored,
+                "history": time.perf_counter() - restored,
             },
             "mapped_bytes": 0 if mapper is None else mapper.bytes,
         }
@@ -244,7 +253,17 @@ def summarize_save(manifest: dict[str, Any], seconds: float) -> dict[str, Any]:
         "execution_count": (unchanged or manifest["kernel"]).get("execution_count"),
         "trigger": manifest.get("trigger"),
         "unchanged": bool(unchanged),
+        # what a restore will not bring back as it was, besides the variables
+        "warnings": save_warnings(manifest),
     }
+
+
+def save_warnings(manifest: dict[str, Any]) -> list[str]:
+    lost = manifest.get("process", {}).get("lost", {})
+    return [
+        *manifest.get("warnings", []),
+        *(f"{provider} not kept: {why}" for provider, why in sorted(lost.items())),
+    ]
 
 
 _session: KernelSession | None = None

@@ -98,6 +98,7 @@ class CkptMagics(Magics):
         lines += _not_back(r["lost"], "saved", r.get("cells", {}))
         if r["excluded"]:
             lines.append(f"Excluded: {', '.join(r['excluded'])}")
+        lines += [f"Warning: {w}" for w in r["warnings"]]
         return lines
 
     def _restore(self, args: Any) -> list[str]:

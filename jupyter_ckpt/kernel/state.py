@@ -8,9 +8,13 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
+import time
 from collections.abc import Iterable
 from pathlib import PurePath
 from typing import Any
+
+from .. import process
 
 # IPython hides its own names (In, _i3, _3, exit, ...) in ``user_ns_hidden``; the names it
 # sets without hiding them are these, and dunders (__name__, __session__, __file__).
@@ -68,6 +72,7 @@ def kernel_facts(shell: Any) -> dict[str, Any]:
         "id": kernel_id(),
         "notebook_path": os.environ.get("JPY_SESSION_NAME"),
         "cwd": os.getcwd(),
+        "sys_path": list(sys.path),
         "env": env_changes(),
         "execution_count": shell.execution_count,
         "history": compact_history(history.input_hist_raw, history.input_hist_parsed),
@@ -111,8 +116,9 @@ def moved_cwd(cwd: str, saved_notebook: str | None, notebook: str | None) -> str
         return cwd
 
 
-def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
-    """Restore cwd, environment, execution count and history; return warnings."""
+def enter_saved_place(facts: dict[str, Any]) -> list[str]:
+    """Put back the working directory, the environment and ``sys.path``: first, so that the
+    user's own modules import while the image loads. Return warnings."""
     warnings = []
     cwd = facts.get("cwd")
     if cwd:
@@ -122,10 +128,24 @@ def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
         except OSError as exc:
             warnings.append(f"working directory {cwd} not restored: {exc.strerror}")
     env = facts.get("env", {})
+    zone = os.environ.get("TZ")
     os.environ.update(env.get("set", {}))
     for key in env.get("unset", []):
         os.environ.pop(key, None)
     _RESTORED_ENV.update(env.get("set", {}), env.get("unset", []))
+    if os.environ.get("TZ") != zone and hasattr(time, "tzset"):
+        time.tzset()  # as a kernel that set TZ and called tzset itself
+    process.apply_path(facts.get("sys_path"))
+    return warnings
+
+
+def fresh_kernel() -> process.FreshKernel:
+    """How a kernel that restores this one's images starts (see :mod:`..process.paths`)."""
+    return process.FreshKernel(list(sys.path), dict(_LAUNCH_ENV), os.getcwd())
+
+
+def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> None:
+    """Restore the execution count and the input history."""
     history = facts.get("history")
     if (history or facts.get("execution_count")) and shell.execution_count > 1:
         # The saved line numbers may already be taken in this kernel's history database
@@ -143,7 +163,6 @@ def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> list[str]:
         shell.history_manager.input_hist_parsed[:] = parsed
     if facts.get("execution_count"):
         shell.execution_count = facts["execution_count"]
-    return warnings
 
 
 # the id a server gave this kernel when it took over a process started ahead (see adopt)
@@ -155,15 +174,32 @@ def adopt(shell: Any, kernel_id: str | None, notebook: str | None) -> None:
     ``kernel_id`` of ``notebook``: as if it had been launched so (the notebook's name in
     its environment, not counted as the user's change, and in ``__session__``)."""
     global _ADOPTED_ID
-    _ADOPTED_ID = kernel_id or _ADOPTED_ID
+    if kernel_id and kernel_id != kernel_id_of_process():
+        _ADOPTED_ID = kernel_id
+        _name_connection_file(kernel_id)
     if notebook and os.environ.get("JPY_SESSION_NAME") != notebook:
         os.environ["JPY_SESSION_NAME"] = _LAUNCH_ENV["JPY_SESSION_NAME"] = notebook
         shell.user_ns["__session__"] = notebook
 
 
+def _name_connection_file(kernel_id: str) -> None:
+    """The server wrote this process's connection file under the kernel's id (see
+    ``jupyter_ckpt_server.standby``): ``%connect_info`` and ``get_connection_file()`` say
+    so too."""
+    from ipykernel.kernelapp import IPKernelApp
+
+    if IPKernelApp.initialized():
+        app = IPKernelApp.instance()
+        folder = os.path.dirname(app.abs_connection_file)
+        app.connection_file = os.path.join(folder, f"kernel-{kernel_id}.json")
+
+
 def kernel_id() -> str | None:
-    if _ADOPTED_ID:
-        return _ADOPTED_ID
+    return _ADOPTED_ID or kernel_id_of_process()
+
+
+def kernel_id_of_process() -> str | None:
+    """The id in the name of the connection file this process started with."""
     try:
         from ipykernel.connect import get_connection_file
 

@@ -30,8 +30,10 @@ from typing import Any
 from jupyter_core.utils import ensure_async
 
 # what a standby imports at its start: what every restore imports first, and numpy where
-# it is installed (what array data is restored into; a cold import of it takes ~0.5 s)
-WARM_UP = "--IPKernelApp.exec_lines=" + repr(
+# it is installed (what array data is restored into; a cold import of it takes ~0.5 s).
+# As the command line's code, run after the kernel's own setup (startup files, the user's
+# exec_lines and exec_files, extensions), which it leaves as a cold start has it.
+WARM_UP = "--IPKernelApp.code_to_run=" + "\n".join(
     [
         "import importlib.util, jupyter_ckpt.kernel",
         "if importlib.util.find_spec('numpy'): import numpy; del numpy",
@@ -48,10 +50,17 @@ def _shared(env: dict[str, str]) -> dict[str, str]:
 
 async def _adopted(manager: Any, **kw: Any) -> None:
     """The standby's start, once, when a restore takes it: its process runs already. It
-    takes the kernel's id, and the launch a restart will repeat becomes the kernel's own
-    (its environment and working directory); its later starts are its class's again."""
+    takes the kernel's id and the connection file a cold start would have written
+    (``kernel-<id>.json``, which ``jupyter console --existing <id>`` looks for), and the
+    launch a restart will repeat becomes the kernel's own (its environment and working
+    directory); its later starts are its class's again."""
     del manager.start_kernel
     manager.kernel_id = kw["kernel_id"]
+    named = os.path.join(os.path.dirname(manager.connection_file), f"kernel-{kw['kernel_id']}.json")
+    os.replace(manager.connection_file, named)
+    # its command line still names the file it started with (see work.kernel_process)
+    manager.launched_connection_file = manager.connection_file
+    manager.connection_file = named
     if manager.provisioner is not None:
         manager.provisioner.kernel_id = kw["kernel_id"]
     launch = {k: kw[k] for k in ("env", "cwd") if k in kw}

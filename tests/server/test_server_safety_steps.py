@@ -70,7 +70,8 @@ def kernel_processes(kernel_id: str, manager: Any) -> set[int]:
     names = {f"kernel-{kernel_id}.json"}
     km = manager.kernel_manager
     if km.is_running(kernel_id):
-        names.add(os.path.basename(km.get_kernel(kernel_id).connection_file))
+        kernel = km.get_kernel(kernel_id)
+        names.add(os.path.basename(getattr(kernel, "launched_connection_file", "")) or "-")
     found = set()
     for proc in psutil.Process().children(recursive=True):
         try:

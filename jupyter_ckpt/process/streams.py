@@ -1,0 +1,54 @@
+"""The global random streams: a seeded experiment draws the same numbers after a restore.
+
+A generator held in a variable (``numpy.random.Generator``, ``random.Random``) travels
+with the namespace; these are the module-level ones a notebook seeds with
+``random.seed``, ``np.random.seed`` or ``torch.manual_seed`` and draws from without naming.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any
+
+from .registry import Provider
+
+
+def _numpy_capture() -> Any:
+    return sys.modules["numpy"].random.get_state()
+
+
+def _numpy_apply(state: Any) -> None:
+    import numpy
+
+    numpy.random.set_state(state)
+
+
+def _torch_capture() -> dict[str, Any]:
+    torch = sys.modules["torch"]
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    # Reading a CUDA generator initializes CUDA: only where the kernel did already.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _torch_apply(state: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(state["cpu"])
+    cuda = state.get("cuda")
+    if cuda is not None:
+        if len(cuda) > torch.cuda.device_count():
+            raise RuntimeError(
+                f"the image holds {len(cuda)} CUDA generators, this node has "
+                f"{torch.cuda.device_count()} GPUs: only the CPU stream was restored"
+            )
+        torch.cuda.set_rng_state_all(cuda)
+
+
+PROVIDERS = [
+    Provider("random", ("random",), random.getstate, random.setstate),
+    Provider("numpy.random", ("numpy",), _numpy_capture, _numpy_apply),
+    Provider("torch.random", ("torch",), _torch_capture, _torch_apply),
+]
