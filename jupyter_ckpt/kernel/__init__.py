@@ -33,6 +33,11 @@ from .state import (
 )
 
 
+# From the server's first call into this kernel on, probes and reconnects leave the
+# notebook's random stream alone (see process.streams).
+process.streams.keep_ipython_off_the_stream()
+
+
 def _default_name() -> str:
     notebook = os.environ.get("JPY_SESSION_NAME")
     if notebook:
@@ -58,6 +63,8 @@ class KernelSession:
         self.last_bytes = 0
         # name -> why: restored variables whose mapped data failed its later check
         self.damaged: dict[str, str] = {}
+        # process states the last restored image did not hold, as they were then
+        self.untouched: dict[str, bytes] = {}
         self._store: ImageStore | None = None
 
     @property
@@ -87,7 +94,7 @@ class KernelSession:
             newest = None if name else self.newest()
             # A name is looked up later like an id, so it obeys the same rules (no paths).
             name = check_ref(name, "image name") if name else _default_name()
-            states, lost_states = process.capture_states(process.PROVIDERS)
+            states, lost_states = process.capture_states(process.PROVIDERS, self.untouched)
             manifest = image.capture(
                 user_variables(self.shell),
                 self.shell.user_ns,
@@ -153,6 +160,10 @@ class KernelSession:
         report.warnings[:0] = place_warnings
         apply_kernel_facts(self.shell, facts)
         self.excluded = set(manifest.get("excluded", []))
+        saved_states = manifest.get("process", {})
+        self.untouched = process.untouched(
+            process.PROVIDERS, [*saved_states.get("kept", []), *saved_states.get("lost", {})]
+        )
         self.last_image = manifest["id"]
         self.last_bytes = host_bytes(manifest)
         mapper = segments.mapper

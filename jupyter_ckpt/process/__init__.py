@@ -3,7 +3,7 @@ providers, in the order a restore applies them, and the user's ``sys.path``."""
 
 from . import ipython, options, streams
 from .paths import FreshKernel, apply_path, merged_path, to_check
-from .registry import PREFIX, Provider, apply_states, capture_states
+from .registry import PREFIX, Provider, apply_states, capture_states, untouched
 
 # Options before the streams: setting an option never draws a random number, while
 # importing a library to set its options may (none known today; the order keeps it safe).
@@ -19,4 +19,5 @@ __all__ = [
     "capture_states",
     "merged_path",
     "to_check",
+    "untouched",
 ]

@@ -185,12 +185,19 @@ def _logger_state(logger: logging.Logger) -> dict[str, Any]:
     }
 
 
+# Loggers the kernel's completer sets up when a frontend first asks for a completion:
+# the kernel's, not the notebook's (a kernel that only completed a name holds the state
+# of its last image still).
+_KERNEL_LOGGERS = ("parso", "jedi")
+
+
 def _logging_capture() -> dict[str, Any]:
     manager = logging.root.manager
     loggers = {
         name: _logger_state(logger)
-        for name, logger in list(manager.loggerDict.items())
+        for name, logger in sorted(manager.loggerDict.items())
         if isinstance(logger, logging.Logger)
+        and name.partition(".")[0] not in _KERNEL_LOGGERS
         and (logger.level or not logger.propagate or logger.disabled or logger.handlers)
     }
     return {"root": _logger_state(logging.root), "loggers": loggers, "disable": manager.disable}

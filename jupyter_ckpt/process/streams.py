@@ -7,6 +7,7 @@ with the namespace; these are the module-level ones a notebook seeds with
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from typing import Any
@@ -45,6 +46,28 @@ def _torch_apply(state: dict[str, Any]) -> None:
                 f"{torch.cuda.device_count()} GPUs: only the CPU stream was restored"
             )
         torch.cuda.set_rng_state_all(cuda)
+
+
+def keep_ipython_off_the_stream() -> None:
+    """IPython picks the tip in its banner from the global ``random`` stream, on every
+    ``kernel_info`` request: each frontend that connects would move a seeded notebook's
+    stream on, and a kernel that was only reconnected to would hold another state than
+    its last image. The tip is picked with the stream put back afterwards."""
+    shell = sys.modules.get("IPython.core.interactiveshell")
+    pick = getattr(shell, "pick_tip", None)
+    if pick is None or getattr(pick, "keeps_the_stream", False):
+        return
+
+    @functools.wraps(pick)
+    def pick_tip() -> str:
+        state = random.getstate()
+        try:
+            return pick()
+        finally:
+            random.setstate(state)
+
+    pick_tip.keeps_the_stream = True  # type: ignore[attr-defined]
+    shell.pick_tip = pick_tip  # type: ignore[union-attr]
 
 
 PROVIDERS = [

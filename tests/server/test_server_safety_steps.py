@@ -70,8 +70,9 @@ def kernel_processes(kernel_id: str, manager: Any) -> set[int]:
     names = {f"kernel-{kernel_id}.json"}
     km = manager.kernel_manager
     if km.is_running(kernel_id):
-        kernel = km.get_kernel(kernel_id)
-        names.add(os.path.basename(getattr(kernel, "launched_connection_file", "")) or "-")
+        launched = getattr(km.get_kernel(kernel_id), "launched_connection_file", None)
+        if launched:
+            names.add(os.path.basename(launched))
     found = set()
     for proc in psutil.Process().children(recursive=True):
         try:
