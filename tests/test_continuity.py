@@ -185,7 +185,8 @@ def test_a_restored_kernel_goes_on_as_the_saved_one_would(
 
 def test_the_probes_see_what_the_setup_set(continued: Continuation) -> None:
     """The probes measure something: in the saving kernel they differ from a fresh one's."""
-    fresh = dict(zip(PROBES["library options"], continued.uninterrupted["library options"]))
+    options = continued.uninterrupted["library options"]
+    fresh = dict(zip(PROBES["library options"], options, strict=True))
     assert fresh["np.get_printoptions()['precision']"] == 3
     assert fresh["sys.getrecursionlimit()"] == 4321
     assert continued.uninterrupted["sharing"][3] == [3, 3]

@@ -32,7 +32,6 @@ from .state import (
     user_variables,
 )
 
-
 # From the server's first call into this kernel on, probes and reconnects leave the
 # notebook's random stream alone (see process.streams).
 process.streams.keep_ipython_off_the_stream()
