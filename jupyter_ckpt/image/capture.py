@@ -31,7 +31,7 @@ from cloudpickle import cloudpickle as _cp
 
 from .. import process
 from ..store import BUFFER_BYTES, CHUNK_SIZE
-from . import devices, module_objects
+from . import devices
 from . import pickler as _pickler
 from .identity import same_state
 from .stream import Stream
@@ -209,7 +209,7 @@ def _pickle_all(
 ) -> _Pickled:
     """Every variable into one stream, then the process states; an import of a module in
     ``by_value`` is saved by value, as its module's classes and functions are."""
-    pickled = _Pickled(Stream(namespace, module_objects.index()), {}, [], [], {})
+    pickled = _Pickled(Stream(namespace), {}, [], [], {})
     for var, value in variables.items():
         record = {"name": var, "type": type_name(value), **array_facts(value)}
         pickled.records[var] = record

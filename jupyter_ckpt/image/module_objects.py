@@ -28,28 +28,53 @@ _BY_VALUE = (
 )  # fmt: skip
 
 
-def index() -> dict[int, tuple[str, str]]:
-    """id -> (module, attribute) for the module-level objects described above. Built once
-    per save, from the modules loaded then: a walk of their namespaces (a few ms)."""
-    modules = {n: m for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType)}
-    user = to_check(modules)  # modules from outside the installation
-    found: dict[int, tuple[str, str]] = {}
-    for name, module in modules.items():
-        if name in user or name == "__main__":
-            continue
-        package = name.partition(".")[0]
-        try:
-            items = list(vars(module).items())
-        except TypeError:
-            continue
-        for attr, value in items:
-            kind = type(value)  # not value.__class__: a deprecated alias may warn on it
-            if attr.startswith("__") or issubclass(kind, _BY_VALUE):
+class ModuleObjects:
+    """Finds the library objects described above, for one save. A package's modules are
+    walked the first time an object of one of its classes is met (numpy's once, for all
+    its arrays): a state made of plain Python values walks none, and one that holds some
+    arrays and an ``rcParams`` walks numpy's and matplotlib's."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, dict[int, tuple[str, str]]] = {}
+        self._packages: dict[str, list[tuple[str, types.ModuleType]]] | None = None
+
+    def find(self, obj: Any) -> tuple[str, str] | None:
+        """(module, attribute) where ``obj`` lives, if it is such an object."""
+        owner = getattr(type(obj), "__module__", None)
+        if not isinstance(owner, str):
+            return None
+        package = owner.partition(".")[0]
+        if package in ("__main__", "builtins"):
+            return None
+        table = self._tables.get(package)
+        if table is None:
+            table = self._tables[package] = self._walk(package)
+        return table.get(id(obj))
+
+    def _walk(self, package: str) -> dict[int, tuple[str, str]]:
+        if self._packages is None:
+            self._packages = {}
+            for name, module in list(sys.modules.items()):
+                if isinstance(module, types.ModuleType):
+                    self._packages.setdefault(name.partition(".")[0], []).append((name, module))
+        modules = dict(self._packages.get(package, []))
+        user = to_check(modules)  # modules from outside the installation
+        found: dict[int, tuple[str, str]] = {}
+        for name, module in modules.items():
+            if name in user:
                 continue
-            owner = getattr(kind, "__module__", None)
-            if isinstance(owner, str) and owner.partition(".")[0] == package:
-                found.setdefault(id(value), (name, attr))
-    return found
+            try:
+                items = list(vars(module).items())
+            except TypeError:
+                continue
+            for attr, value in items:
+                kind = type(value)  # not value.__class__: a deprecated alias may warn on it
+                if attr.startswith("__") or issubclass(kind, _BY_VALUE):
+                    continue
+                owner = getattr(kind, "__module__", None)
+                if isinstance(owner, str) and owner.partition(".")[0] == package:
+                    found.setdefault(id(value), (name, attr))
+        return found
 
 
 def lookup(module: str, attr: str) -> Any:

@@ -302,7 +302,7 @@ class CkptPickler(cloudpickle.Pickler):
         namespace: dict[str, Any],
         storages: dict[tuple[str, int], _StorageRef],
         trial: bool = False,
-        module_objects: dict[int, tuple[str, str]] | None = None,
+        library_objects: module_objects.ModuleObjects | None = None,
     ) -> None:
         # a trial (see stream.Stream) only finds out whether a value pickles: device data
         # is not copied to the host for it
@@ -321,7 +321,7 @@ class CkptPickler(cloudpickle.Pickler):
         self.namespace = namespace
         self.storages = storages
         # library objects saved as references (see :mod:`.module_objects`)
-        self.module_objects = module_objects or {}
+        self.library_objects = library_objects or module_objects.ModuleObjects()
         # every module the stream refers to: by its classes, functions and module objects
         self.modules: set[str] = set()
         self.devices: set[str] = set()
@@ -341,7 +341,7 @@ class CkptPickler(cloudpickle.Pickler):
         return False
 
     def reducer_override(self, obj: Any) -> Any:
-        where = self.module_objects.get(id(obj))
+        where = self.library_objects.find(obj)
         if where is not None:
             self.modules.add(where[0])
             return module_objects.lookup, where

@@ -44,6 +44,7 @@ from typing import Any, cast
 from ..store import CHUNK_SIZE
 from . import pickler as _pickler
 from . import salvage
+from .module_objects import ModuleObjects
 
 _GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 
@@ -114,13 +115,13 @@ TRIAL_BYTES = 1 << 16
 class Stream:
     """Writes variables one after another into one pickle stream."""
 
-    def __init__(
-        self, namespace: dict[str, Any], module_objects: dict[int, tuple[str, str]] | None = None
-    ) -> None:
+    def __init__(self, namespace: dict[str, Any]) -> None:
         self.out = _Spool()
         self.namespace = namespace
-        self.module_objects = module_objects
-        self.pickler = _pickler.CkptPickler(self.out, namespace, {}, module_objects=module_objects)
+        self.library_objects = ModuleObjects()  # one walk of each package per save
+        self.pickler = _pickler.CkptPickler(
+            self.out, namespace, {}, library_objects=self.library_objects
+        )
         # per variable: [start, end, first buffer, memo slots used up to its end]
         self.parts: list[list[int]] = []
         self.devices: set[str] = set()
@@ -158,7 +159,7 @@ class Stream:
         would if it fails, before it has touched the stream. A value too big or too deep
         for a trial goes on to the stream's pickler, which copes."""
         trial = _pickler.CkptPickler(
-            _Capped(), self.namespace, {}, trial=True, module_objects=self.module_objects
+            _Capped(), self.namespace, {}, trial=True, library_objects=self.library_objects
         )
         try:
             trial.dump(value)
