@@ -62,9 +62,11 @@ async def run(seconds: float, idle_timeout: float, tmp: Path) -> None:
     print(f"GPU 0: {node['gpus'][0]['name']}, driver {node['driver']}")
     km = CkptKernelManager(root_dir=str(tmp))
     store = ImageStore(url=str(tmp / "store"), secret_file=str(tmp / "secret"))
-    km.ckpt_env = {"JUPYTER_CKPT_STORE": store.url, "JUPYTER_CKPT_SECRET_FILE": str(tmp / "secret")}
     policy = SuspendPolicy(idle_timeout=idle_timeout, check_interval=0.5, gpu_only=True)
     manager = CkptManager(policy=policy, store=store, kernel_manager=km, probe=probe)
+    # the server's wiring: the lifecycles own the kernels' state (a suspend needs them)
+    env = {"JUPYTER_CKPT_STORE": store.url, "JUPYTER_CKPT_SECRET_FILE": str(tmp / "secret")}
+    km.attach(manager.lifecycles, env)
     monitor = IdleMonitor(manager)
     kernel_id = await km.start_kernel(kernel_name="python3")
     try:

@@ -44,7 +44,7 @@ if device != "cpu":
         dst.copy_(src); torch.cuda.synchronize()
         t = time.perf_counter(); dst.copy_(src); torch.cuda.synchronize()
         bandwidth[name] = host.numel() / (time.perf_counter() - t)
-    del host, dev
+    del host, dev, dst, src  # the loop's names hold the buffers too
     torch.cuda.empty_cache()
 print(json.dumps({{"pid": os.getpid(), "checksum": checksum, "bandwidth": bandwidth}}))
 """
