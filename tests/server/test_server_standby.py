@@ -4,6 +4,7 @@ the kernel it brings back is the suspended one in every way a user or the server
 from __future__ import annotations
 
 import json
+import os
 
 import psutil
 from server_helpers import FakeNvml, get_json, poll, start_session, text_of
@@ -95,3 +96,38 @@ async def test_a_process_standing_by_that_holds_gpu_memory_is_never_used(
     await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
     manager.lifecycles.keep_standby()
     assert standby.pids() == {} and not standby._starting, "none started for that spec again"
+
+
+async def test_a_kernel_restored_in_the_standby_ran_its_own_setup_and_has_its_file(
+    jp_fetch, connect, manager, tmp_path, monkeypatch
+):
+    """The kernel's own setup (here the user's ``IPKernelApp.exec_lines``) ran in the
+    process standing by as in a cold start, and the restored kernel's connection file is
+    the one a cold start writes: ``kernel-<id>.json``, found by its id."""
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text(
+        "c.IPKernelApp.exec_lines = "
+        "['import json', 'json.setup_ran_in = __import__(\"os\").getpid()']\n"
+    )
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    _, kernel_id = await start_session(jp_fetch, "setup.ipynb")
+    client = await connect(kernel_id)
+    await client.execute("x = 1")
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    pid = await poll(lambda: manager.lifecycles.standby.pids().get("python3"), what="a standby")
+
+    client = await connect(kernel_id)
+    reply, outputs = await client.execute(
+        "import json, os\nfrom jupyter_client import find_connection_file\n"
+        "from ipykernel.connect import get_connection_file\n"
+        f"print(json.setup_ran_in == os.getpid(), os.getpid(), "
+        f"os.path.basename(get_connection_file()), "
+        f"os.path.basename(find_connection_file({kernel_id!r})))"
+    )
+    assert reply["status"] == "ok", text_of(outputs)
+    ran, process, own_file, found = text_of(outputs).split()
+    assert (ran, process) == ("True", str(pid))
+    assert own_file == found == f"kernel-{kernel_id}.json"
+    kernel = manager.kernel_manager.get_kernel(kernel_id)
+    assert os.path.basename(kernel.connection_file) == f"kernel-{kernel_id}.json"
