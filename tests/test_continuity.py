@@ -45,12 +45,15 @@ torch.set_default_dtype(torch.float64)
 %autoreload 2
 %precision 3
 %config PlainTextFormatter.max_seq_length = 17
+%xmode Verbose
+%alias shout echo LOUD %s
 """,
     "sharing": """
-import os, collections
+import os, sys, collections
 import matplotlib as mpl
 rc = mpl.rcParams
 environ = os.environ
+search_path, out = sys.path, sys.stdout
 settings = {'rc': mpl.rcParams}
 def make_counter():
     n = 0
@@ -112,11 +115,14 @@ PROBES: dict[str, list[str]] = {
         "'autoreload' in get_ipython().extension_manager.loaded",
         "get_ipython().magics_manager.registry['AutoreloadMagics']._reloader.check_all",
         "get_ipython().magics_manager.registry['AutoreloadMagics']._reloader.enabled",
+        "get_ipython().InteractiveTB.mode",
+        "get_ipython().alias_manager.is_alias('shout')",
     ],
     "sharing": [
         "rc is mpl.rcParams",
         "environ is os.environ",
         "settings['rc'] is mpl.rcParams",
+        "search_path is sys.path and out is sys.stdout",
         "[inc(), get()]",
         "hasattr(pt, '__dict__') or hasattr(sl, '__dict__')",
         "Slotted.__slots__",
@@ -189,7 +195,8 @@ def test_the_probes_see_what_the_setup_set(continued: Continuation) -> None:
     fresh = dict(zip(PROBES["library options"], options, strict=True))
     assert fresh["np.get_printoptions()['precision']"] == 3
     assert fresh["sys.getrecursionlimit()"] == 4321
-    assert continued.uninterrupted["sharing"][3] == [3, 3]
+    sharing = dict(zip(PROBES["sharing"], continued.uninterrupted["sharing"], strict=True))
+    assert sharing["[inc(), get()]"] == [3, 3]
     assert continued.uninterrupted["user modules"] == [True, "shapes", 25]
 
 

@@ -217,6 +217,9 @@ def _pickle_all(
             record.update(status="excluded", reason="excluded with %ckpt exclude")
             continue
         imported = import_record(var, value, sources)
+        interpreter = pickled.stream.library_objects.interpreter.get(id(value))
+        if interpreter is not None:  # a list or dict of the interpreter's: by reference
+            imported = {"name": var, "module": interpreter[0], "attr": interpreter[1]}
         if imported is not None and not _within(imported["module"], by_value):
             pickled.imports.append(imported)
             record.update(status="imported", module=imported["module"])

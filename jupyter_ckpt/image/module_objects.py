@@ -28,6 +28,18 @@ _BY_VALUE = (
 )  # fmt: skip
 
 
+# The interpreter's own objects a notebook may bind (``p = sys.path``, ``out =
+# sys.stdout``): the process's, whatever their class; a copy of one would be a list the
+# interpreter no longer reads, or an open stream that cannot be saved. Their contents are
+# the process state's (:mod:`jupyter_ckpt.process`).
+_INTERPRETER_OBJECTS = {
+    "sys": ("path", "modules", "argv", "meta_path", "path_hooks", "path_importer_cache",
+            "stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__",
+            "displayhook", "excepthook"),
+    "warnings": ("filters",),
+}  # fmt: skip
+
+
 class ModuleObjects:
     """Finds the library objects described above, for one save. A package's modules are
     walked the first time an object of one of its classes is met (numpy's once, for all
@@ -37,9 +49,18 @@ class ModuleObjects:
     def __init__(self) -> None:
         self._tables: dict[str, dict[int, tuple[str, str]]] = {}
         self._packages: dict[str, list[tuple[str, types.ModuleType]]] | None = None
+        self.interpreter = {
+            id(getattr(sys.modules[module], attr)): (module, attr)
+            for module, attrs in _INTERPRETER_OBJECTS.items()
+            for attr in attrs
+            if getattr(sys.modules.get(module), attr, None) is not None
+        }
 
     def find(self, obj: Any) -> tuple[str, str] | None:
         """(module, attribute) where ``obj`` lives, if it is such an object."""
+        where = self.interpreter.get(id(obj))
+        if where is not None:
+            return where
         owner = getattr(type(obj), "__module__", None)
         if not isinstance(owner, str):
             return None

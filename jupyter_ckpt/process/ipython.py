@@ -103,7 +103,35 @@ def _extensions_apply(state: dict[str, Any]) -> None:
     reloader.skip_modules.update(dict.fromkeys(saved["skip"], True))
 
 
+def default_aliases() -> list[tuple[str, str]]:
+    from IPython.core.alias import default_aliases as defaults
+
+    return list(defaults())
+
+
+def _shell_modes_capture() -> dict[str, Any]:
+    """What ``%xmode``, ``%pdb`` and ``%alias`` set, outside the shell's traits."""
+    shell = _shell()
+    return {
+        "xmode": shell.InteractiveTB.mode,
+        "pdb": bool(shell.call_pdb),
+        "aliases": sorted(set(shell.alias_manager.aliases) - set(default_aliases())),
+    }
+
+
+def _shell_modes_apply(state: dict[str, Any]) -> None:
+    shell = _shell()
+    if shell.InteractiveTB.mode != state["xmode"]:
+        shell.InteractiveTB.set_mode(state["xmode"])
+    shell.call_pdb = state["pdb"]
+    present = set(shell.alias_manager.aliases)
+    for name, command in state["aliases"]:
+        if (name, command) not in present:
+            shell.alias_manager.define_alias(name, command)
+
+
 PROVIDERS = [
     Provider("ipython.config", ("IPython",), _config_capture, _config_apply),
     Provider("ipython.extensions", ("IPython",), _extensions_capture, _extensions_apply),
+    Provider("ipython.modes", ("IPython",), _shell_modes_capture, _shell_modes_apply),
 ]
