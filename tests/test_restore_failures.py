@@ -8,6 +8,7 @@ leave B's namespace exactly as it was.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -76,6 +77,7 @@ def partial(start_kernel, ckpt_paths: Paths) -> Partial:
     a.ckpt("save victim")
     a.shutdown()
     gone.rmdir()  # the saved working directory no longer exists where B runs
+    shutil.rmtree(extmods)  # nor the module folder the image's sys.path names
 
     b = start_kernel()
     b.run("FAIL_ON_LOAD = True")  # read by Fragile.__setstate__ while the image loads

@@ -69,7 +69,11 @@ class ModuleObjects:
             return None
         table = self._tables.get(package)
         if table is None:
-            table = self._tables[package] = self._walk(package)
+            try:
+                table = self._walk(package)
+            except Exception:  # objects are then saved by value, as they always could be
+                table = {}
+            self._tables[package] = table
         return table.get(id(obj))
 
     def _walk(self, package: str) -> dict[int, tuple[str, str]]:

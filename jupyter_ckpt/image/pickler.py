@@ -106,7 +106,8 @@ def _with_slots(reduced: Any, cls: type) -> Any:
     ``__slots__``: cloudpickle makes the class first and sets its attributes afterwards,
     when ``__slots__`` no longer has an effect (instances would get a ``__dict__``)."""
     func, (constructor, name, bases, kwargs, *rest), *state = reduced
-    return (func, (constructor, name, bases, {**kwargs, "__slots__": cls.__slots__}, *rest), *state)
+    slots = vars(cls)["__slots__"]
+    return (func, (constructor, name, bases, {**kwargs, "__slots__": slots}, *rest), *state)
 
 
 def _lru_cache(func: Any, maxsize: int | None, typed: bool) -> Any:
@@ -256,11 +257,19 @@ def _unevaluated(rebuild: Callable[..., Any], args: tuple) -> Any:
         return rebuild(*args)
 
 
+def _named_by_its_reduce(obj: Any) -> bool:
+    """An object pickle saves by name already (a dtype, an enum member, a singleton)."""
+    try:
+        return isinstance(obj.__reduce_ex__(PROTOCOL), str)
+    except Exception:  # one that cannot reduce itself: the reference is what saves it
+        return False
+
+
 def _typed_tuple(cls: type) -> bool:
     """A ``typing.NamedTuple`` class: made with its (empty) slots, it refuses others."""
     import typing
 
-    return typing.NamedTuple in getattr(cls, "__orig_bases__", ())  # type: ignore[comparison-overlap]
+    return typing.NamedTuple in getattr(cls, "__orig_bases__", ())
 
 
 def _special(cls: type) -> bool:
@@ -342,7 +351,7 @@ class CkptPickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         where = self.library_objects.find(obj)
-        if where is not None:
+        if where is not None and not _named_by_its_reduce(obj):
             self.modules.add(where[0])
             return module_objects.lookup, where
         cls = type(obj)

@@ -163,6 +163,7 @@ def _apply(name: str, op: Any, arg: Any, stack: list[_Item], marks: list[int]) -
         for member in inputs[1].members:
             if member.slot is not None and not isinstance(member.value, _Global):
                 member.deps |= result.deps - {member.slot}
+        result.value = _library_object(inputs[0].value, inputs[1].members)
     elif name == "STACK_GLOBAL":
         module, attr = (i.value for i in inputs)
         if isinstance(module, str) and isinstance(attr, str):
@@ -171,6 +172,18 @@ def _apply(name: str, op: Any, arg: Any, stack: list[_Item], marks: list[int]) -
         result.value = arg
     if op.stack_after:
         stack.append(result)
+
+
+# a library's module-level object, saved as a reference (see :mod:`.module_objects`)
+_LOOKUP = _Global("jupyter_ckpt.image.module_objects", "lookup")
+
+
+def _library_object(function: Any, args: list[_Item]) -> _Global | None:
+    """A reference to a library's object is an import: whole wherever it comes from."""
+    names = [a.value for a in args]
+    if function == _LOOKUP and len(names) == 2 and all(isinstance(n, str) for n in names):
+        return _Global(*names)
+    return None
 
 
 def whole(obj: Any) -> bool:

@@ -15,7 +15,7 @@ import logging
 import socket
 import sys
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 from .registry import Provider
 
@@ -136,7 +136,7 @@ def _decimal_apply(state: dict[str, Any]) -> None:
 
 
 def _warnings_apply(filters: list[Any]) -> None:
-    warnings.filters[:] = filters
+    warnings.filters[:] = filters  # type: ignore[index]  # a list at run time
     warnings._filters_mutated()  # type: ignore[attr-defined]  # drops the "once" caches
 
 
@@ -158,7 +158,10 @@ def _handler_state(handler: logging.Handler) -> tuple[Any, ...] | None:
     return None
 
 
-_STYLES = {style: key for key, (style, _) in logging._STYLES.items()}
+_STYLES: dict[type, Literal["%", "{", "$"]] = {
+    style: key  # type: ignore[misc]  # the keys are those three
+    for key, (style, _) in logging._STYLES.items()
+}
 
 
 def _make_handler(state: tuple[Any, ...]) -> logging.Handler:

@@ -13,6 +13,7 @@ site-packages) are checked, so a notebook that uses only installed packages pays
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -44,7 +45,10 @@ def apply_path(saved: list[str] | None) -> None:
 def _installation() -> tuple[str, ...]:
     """Folders whose modules any kernel of this environment finds."""
     keys = ("stdlib", "platstdlib", "purelib", "platlib")
-    roots = {sysconfig.get_paths()[k] for k in keys} | {sys.base_prefix, sys.prefix}
+    roots = {sys.base_prefix, sys.prefix}
+    # its data module may not import (in a process that changed its user since)
+    with contextlib.suppress(Exception):
+        roots |= {sysconfig.get_paths()[k] for k in keys}
     return tuple(os.path.join(os.path.realpath(r), "") for r in roots)
 
 

@@ -71,7 +71,8 @@ def untouched(providers: Iterable[Provider], kept: Iterable[str]) -> dict[str, b
     until its state changes, and an image of an unchanged kernel stays the same image."""
     skip = set(kept)
     states, _ = capture_states(p for p in providers if p.name not in skip)
-    return {name: _pickled(state) for name, state in states.items()}
+    pickled = {name: _pickled(state) for name, state in states.items()}
+    return {name: data for name, data in pickled.items() if data is not None}
 
 
 def _pickled(state: Any) -> bytes | None:

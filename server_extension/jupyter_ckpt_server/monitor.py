@@ -195,8 +195,9 @@ class IdleMonitor:
             blocked.append("a suspend or restore is in progress")
         kinds = policy.background_work
         if pid:
-            connection_file = getattr(kernel, "launched_connection_file", None) or getattr(
-                kernel, "connection_file", ""
+            connection_file = str(
+                getattr(kernel, "launched_connection_file", None)
+                or getattr(kernel, "connection_file", "")
             )
             kernel_pid = work.kernel_process(pid, snapshot.children, connection_file)
             self._kernel_pids[kernel_id] = kernel_pid
