@@ -97,10 +97,10 @@ def copy_to_host(
 ) -> dict[int, Any]:
     """Host copies (numpy, uint8) of ``storages``, by storage address. Piece ``i`` lands
     in staging buffer ``i % DEPTH``, which is reused once its worker moved it on."""
+    if not storages:  # numpy is not imported for nothing: importing it changes warnings
+        return {}
     import numpy as np
 
-    if not storages:
-        return {}
     piece = max(PIECE_ALIGN, staging_bytes // DEPTH // PIECE_ALIGN * PIECE_ALIGN)
     ops.synchronize(sorted({device for device, _ in storages}))
     staging = [ops.staging(piece) for _ in range(DEPTH)]

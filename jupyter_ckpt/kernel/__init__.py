@@ -93,31 +93,70 @@ class KernelSession:
             newest = None if name else self.newest()
             # A name is looked up later like an id, so it obeys the same rules (no paths).
             name = check_ref(name, "image name") if name else _default_name()
-            states, lost_states = process.capture_states(process.PROVIDERS, self.untouched)
-            manifest = image.capture(
-                user_variables(self.shell),
-                self.shell.user_ns,
+            states = self.process_states()
+            manifest = self.capture(
+                self.store,
                 self.store.writer(Progress(progress)),
                 name=name,
-                exclude=self.excluded,
-                kernel=kernel_facts(self.shell),
-                parent=self.last_image,
-                buffer_bytes=self.store.buffer_bytes,
                 verify=verify,
                 trigger=trigger,
                 newest=newest,
-                process_states=states,
-                process_lost=lost_states,
-                fresh_kernel=fresh_kernel(),
+                states=states,
             )
         except Exception as exc:
             return {"error": _describe(exc)}
         self.last_image = manifest["id"]
+        self.untouched = self.untouched_after(states)
         self.unsaveable = unsaveable_ids(manifest, self.shell.user_ns)
         self.last_bytes = host_bytes(manifest)
         summary = summarize_save(manifest, time.perf_counter() - started)
         parsed = self.shell.history_manager.input_hist_parsed
         return {**summary, "cells": defining_cells(parsed, summary["lost"])}
+
+    def process_states(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The process state an image of this kernel holds now (see :mod:`..process`), and
+        what the process state will be compared with once that image is written: the
+        providers it leaves out as they are (a library imported by the save itself is not
+        the user's until its state changes)."""
+        states, lost = process.capture_states(process.PROVIDERS, self.untouched)
+        return states, lost
+
+    def capture(
+        self,
+        store: ImageStore,
+        writer: Any,
+        *,
+        name: str,
+        verify: bool,
+        trigger: str,
+        newest: dict[str, Any] | None,
+        states: tuple[dict[str, Any], dict[str, str]] | None = None,
+    ) -> dict[str, Any]:
+        """The namespace and the process state it lives in (``states``, taken now if not
+        given), into ``writer``: what every save of this kernel writes, here or in an
+        autosave's forked child (whose states are the kernel's at the fork: a fork
+        reseeds ``random`` in the child)."""
+        process_states, lost_states = states or self.process_states()
+        return image.capture(
+            user_variables(self.shell),
+            self.shell.user_ns,
+            writer,
+            name=name,
+            exclude=self.excluded,
+            kernel=kernel_facts(self.shell),
+            parent=self.last_image,
+            buffer_bytes=store.buffer_bytes,
+            verify=verify,
+            trigger=trigger,
+            newest=newest,
+            process_states=process_states,
+            process_lost=lost_states,
+            fresh_kernel=fresh_kernel(),
+        )
+
+    def untouched_after(self, states: tuple[dict[str, Any], dict[str, str]]) -> dict[str, bytes]:
+        """The providers an image with ``states`` left out, as they are now."""
+        return process.untouched(process.PROVIDERS, [*states[0], *states[1]])
 
     def newest(self) -> dict[str, Any] | None:
         """The manifest of the image last written or restored, while it is in the store."""
@@ -160,8 +199,8 @@ class KernelSession:
         apply_kernel_facts(self.shell, facts)
         self.excluded = set(manifest.get("excluded", []))
         saved_states = manifest.get("process", {})
-        self.untouched = process.untouched(
-            process.PROVIDERS, [*saved_states.get("kept", []), *saved_states.get("lost", {})]
+        self.untouched = self.untouched_after(
+            (dict.fromkeys(saved_states.get("kept", [])), saved_states.get("lost", {}))
         )
         self.last_image = manifest["id"]
         self.last_bytes = host_bytes(manifest)

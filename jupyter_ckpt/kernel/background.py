@@ -49,12 +49,10 @@ from typing import Any
 
 import psutil
 
-from .. import image
 from ..gpu import nvidia_device_open
 from ..image import devices, hostcopy
 from ..store import ImageStore
 from .activity import user_threads
-from .state import kernel_facts, user_variables
 
 # Seconds a child may run before its alarm kills it (the server gives up at its own
 # checkpoint_timeout, which it passes in).
@@ -74,6 +72,8 @@ class Job:
     directory: str
     started: float
     threads: list[str]
+    # the providers its image leaves out, as they were at the fork (see KernelSession)
+    untouched: dict[str, bytes]
 
     @property
     def result_path(self) -> str:
@@ -198,6 +198,8 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
     with open(os.path.join(directory, OWNER_FILE), "w") as f:
         f.write(str(os.getpid()))
     threads = user_threads()  # user threads: saved as they were at the fork
+    states = session.process_states()  # the kernel's: the child's random is reseeded
+    untouched = session.untouched_after(states)
     forking = time.perf_counter()
     gc.freeze()  # the child's collector must not write every object's page
     try:
@@ -205,11 +207,13 @@ def start(session: Any, name: str, timeout: float = DEFAULT_CHILD_TIMEOUT) -> di
             warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded fork"
             pid = os.fork()
         if pid == 0:
-            _child(session, name, directory, timeout, copies)  # never returns
+            _child(session, name, directory, timeout, copies, states)  # never returns
     finally:
         gc.unfreeze()
     del copies  # the child's now: the kernel's pages of them go back
-    _job = Job(pid=pid, directory=directory, started=time.time(), threads=threads)
+    _job = Job(
+        pid=pid, directory=directory, started=time.time(), threads=threads, untouched=untouched
+    )
     return {
         "state": "started",
         "mode": "fork",
@@ -244,7 +248,14 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
 
-def _child(session: Any, name: str, directory: str, timeout: float, copies: dict[int, Any]) -> None:
+def _child(
+    session: Any,
+    name: str,
+    directory: str,
+    timeout: float,
+    copies: dict[int, Any],
+    states: tuple[dict[str, Any], dict[str, str]],
+) -> None:
     """Write the image and leave. Runs in the forked child only; its device is the host
     ``copies`` made before the fork."""
     status = 1
@@ -261,7 +272,7 @@ def _child(session: Any, name: str, directory: str, timeout: float, copies: dict
         os.dup2(log, 2)
         # the kernel's sys.stdout/stderr publish on IOPub through a thread the child lacks
         sys.stdout = sys.stderr = open(log, "w", closefd=False)  # noqa: SIM115
-        result = _save(session, name)
+        result = _save(session, name, states)
         tmp = os.path.join(directory, "result.json.tmp")
         with open(tmp, "w") as f:
             json.dump(result, f)
@@ -277,25 +288,21 @@ def _name_process(name: str) -> None:
         ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)
 
 
-def _save(session: Any, name: str) -> dict[str, Any]:
+def _save(session: Any, name: str, states: tuple[dict[str, Any], dict[str, str]]) -> dict[str, Any]:
     from . import _describe, newest_manifest, summarize_save, unsaveable_ids
 
     started = time.perf_counter()
     try:
         store = ImageStore(config=session.shell.config)  # its own I/O threads
         newest = newest_manifest(store, session.last_image)
-        manifest = image.capture(
-            user_variables(session.shell),
-            session.shell.user_ns,
+        manifest = session.capture(
+            store,
             store.writer(),
             name=name,
-            exclude=session.excluded,
-            kernel=kernel_facts(session.shell),
-            parent=session.last_image,
-            buffer_bytes=store.buffer_bytes,
             verify=True,  # the child's own copy of the state: the kernel does not wait
             trigger="autosave",
             newest=newest,
+            states=states,
         )
     except Exception as exc:
         return {"error": _describe(exc)}
@@ -322,6 +329,7 @@ def collect(session: Any) -> dict[str, Any]:
     if not result.get("error"):
         session.last_image = result["id"]
         session.last_bytes = result["host_bytes"]
+        session.untouched = job.untouched
         # ids from the child's copy of the state, the parent's at the fork
         session.unsaveable = {k: int(v) for k, v in result.get("unsaveable_ids", {}).items()}
     return {"state": "done", "mode": "fork", **result}

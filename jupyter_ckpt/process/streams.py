@@ -26,18 +26,22 @@ def _numpy_apply(state: Any) -> None:
 
 
 def _torch_capture() -> dict[str, Any]:
+    """The generators' states as bytes: tensors would count as the image's CPU tensors."""
     torch = sys.modules["torch"]
-    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    state: dict[str, Any] = {"cpu": bytes(torch.get_rng_state().numpy())}
     # Reading a CUDA generator initializes CUDA: only where the kernel did already.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [bytes(s.numpy()) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def _torch_apply(state: dict[str, Any]) -> None:
     import torch
 
-    torch.set_rng_state(state["cpu"])
+    def tensor(data: bytes) -> Any:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(state["cpu"]))
     cuda = state.get("cuda")
     if cuda is not None:
         if len(cuda) > torch.cuda.device_count():
@@ -45,7 +49,7 @@ def _torch_apply(state: dict[str, Any]) -> None:
                 f"the image holds {len(cuda)} CUDA generators, this node has "
                 f"{torch.cuda.device_count()} GPUs: only the CPU stream was restored"
             )
-        torch.cuda.set_rng_state_all(cuda)
+        torch.cuda.set_rng_state_all([tensor(s) for s in cuda])
 
 
 def keep_ipython_off_the_stream() -> None:
