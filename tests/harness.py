@@ -43,6 +43,21 @@ S3_TIMEOUTS = {
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+# Two closures over one cell, for the tests that check they still share it after a restore
+SHARED_COUNTER = """
+def make_counter():
+    n = 0
+    def inc():
+        nonlocal n
+        n += 1
+        return n
+    def get():
+        return n
+    return inc, get
+inc, get = make_counter()
+"""
+
+
 class KernelError(AssertionError):
     """A cell raised in the kernel; the message carries the kernel's traceback."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Kernel
+from harness import SHARED_COUNTER, Kernel
 
 # Each topic: the cells that set the state, and the probes (JSON-able expressions).
 SETUP: dict[str, str] = {
@@ -39,6 +39,10 @@ logging.getLogger('project.io').setLevel(logging.ERROR)
 logging.basicConfig(level=logging.INFO, format='%(levelname)s|%(message)s')
 torch.set_num_threads(1); torch.use_deterministic_algorithms(True, warn_only=True)
 torch.set_default_dtype(torch.float64)
+import gc, locale, sklearn
+gc.set_threshold(1234, 11, 12); sys.setswitchinterval(0.002)
+locale.setlocale(locale.LC_NUMERIC, 'C.UTF-8')
+sklearn.set_config(transform_output='pandas', assume_finite=True)
 """,
     "ipython": """
 %load_ext autoreload
@@ -55,16 +59,9 @@ rc = mpl.rcParams
 environ = os.environ
 search_path, out = sys.path, sys.stdout
 settings = {'rc': mpl.rcParams}
-def make_counter():
-    n = 0
-    def inc():
-        nonlocal n
-        n += 1
-        return n
-    def get():
-        return n
-    return inc, get
-inc, get = make_counter()
+"""
+    + SHARED_COUNTER
+    + """
 inc(); inc()
 class Point(collections.namedtuple('Point', 'x y')):
     __slots__ = ()
@@ -108,6 +105,11 @@ PROBES: dict[str, list[str]] = {
         "torch.get_num_threads()",
         "torch.are_deterministic_algorithms_enabled()",
         "str(torch.get_default_dtype())",
+        "gc.get_threshold()",
+        "sys.getswitchinterval()",
+        "locale.setlocale(locale.LC_NUMERIC)",
+        "sklearn.get_config()['transform_output']",
+        "sklearn.get_config()['assume_finite']",
     ],
     "ipython": [
         "get_ipython().display_formatter.formatters['text/plain'].float_precision",
@@ -195,6 +197,7 @@ def test_the_probes_see_what_the_setup_set(continued: Continuation) -> None:
     fresh = dict(zip(PROBES["library options"], options, strict=True))
     assert fresh["np.get_printoptions()['precision']"] == 3
     assert fresh["sys.getrecursionlimit()"] == 4321
+    assert fresh["sklearn.get_config()['transform_output']"] == "pandas"
     sharing = dict(zip(PROBES["sharing"], continued.uninterrupted["sharing"], strict=True))
     assert sharing["[inc(), get()]"] == [3, 3]
     assert continued.uninterrupted["user modules"] == [True, "shapes", 25]
@@ -254,3 +257,17 @@ def test_an_option_a_restore_cannot_set_is_named(start_kernel, ckpt_paths) -> No
     out = b.ckpt("restore options")
     b.run("np.set_printoptions = _real")
     assert "Warning: numpy not restored: ValueError: refused here" in out, out
+
+
+def test_a_restore_leaves_the_kernel_its_own_launch(start_kernel, ckpt_paths) -> None:
+    """The kernel application's settings are its process's (connection file, ports): a
+    restore into another kernel keeps that kernel's."""
+    own = "__import__('ipykernel.kernelapp').kernelapp.IPKernelApp.instance()"
+    probe = f"[{own}.connection_file, {own}.shell_port]"
+    a = start_kernel(cwd=ckpt_paths.root)
+    a.ckpt("save launch")
+    a.shutdown()
+    b = start_kernel(cwd=ckpt_paths.root)
+    before = b.eval(probe)
+    b.ckpt("restore launch")
+    assert b.eval(probe) == before

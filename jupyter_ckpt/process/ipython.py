@@ -34,9 +34,13 @@ def _plain(value: Any) -> bool:
 
 def _configurables(shell: Any) -> dict[str, Any]:
     """The shell's configurables by class name: those ``%config`` reaches, and the display
-    formatters (``%precision`` and ``%pprint`` set the plain-text one's traits)."""
+    formatters (``%precision`` and ``%pprint`` set the plain-text one's traits). Not the
+    kernel application among them: its settings are this process's launch (its connection
+    file, ports, startup code), read once at its start."""
+    from traitlets.config import Application
+
     found = [shell, *shell.configurables, *shell.display_formatter.formatters.values()]
-    return {type(c).__name__: c for c in found}
+    return {type(c).__name__: c for c in found if not isinstance(c, Application)}
 
 
 def _config_capture() -> dict[str, dict[str, Any]]:

@@ -1,7 +1,8 @@
 """Library and interpreter options a notebook sets once and relies on afterwards: numpy's
 print options and floating-point error handling, pandas options, matplotlib's rcParams and
-backend, the decimal context, warnings filters, logging, the recursion limit, torch's
-threads and determinism flags, the default socket timeout.
+backend, the decimal context, warnings filters, logging, the recursion limit, the garbage
+collector's settings, the locale, torch's threads and determinism flags, scikit-learn's
+global config (``set_config(transform_output="pandas")``), the default socket timeout.
 
 Options are captured whole (or, for pandas, where they differ from their defaults) and put
 back where they differ from the fresh process's, through each library's own setters, so
@@ -11,6 +12,8 @@ that its validation and callbacks run as when the user set them.
 from __future__ import annotations
 
 import decimal
+import gc
+import locale
 import logging
 import socket
 import sys
@@ -221,10 +224,17 @@ def _logging_apply(state: dict[str, Any]) -> None:
 # --- the interpreter ---------------------------------------------------------------
 
 
+_LOCALE_CATEGORIES = ("LC_CTYPE", "LC_COLLATE", "LC_TIME", "LC_MONETARY", "LC_NUMERIC")
+
+
 def _interpreter_capture() -> dict[str, Any]:
     state = {
         "recursion_limit": sys.getrecursionlimit(),
+        "switch_interval": sys.getswitchinterval(),
         "socket_timeout": socket.getdefaulttimeout(),
+        "gc": (gc.isenabled(), gc.get_threshold()),
+        # a query: setlocale without a locale changes nothing
+        "locale": {c: locale.setlocale(getattr(locale, c)) for c in _LOCALE_CATEGORIES},
     }
     if hasattr(sys, "get_int_max_str_digits"):  # Python 3.11+
         state["int_max_str_digits"] = sys.get_int_max_str_digits()
@@ -233,7 +243,15 @@ def _interpreter_capture() -> dict[str, Any]:
 
 def _interpreter_apply(state: dict[str, Any]) -> None:
     sys.setrecursionlimit(state["recursion_limit"])
+    sys.setswitchinterval(state["switch_interval"])
     socket.setdefaulttimeout(state["socket_timeout"])
+    enabled, threshold = state["gc"]
+    gc.set_threshold(*threshold)
+    if enabled != gc.isenabled():
+        (gc.enable if enabled else gc.disable)()
+    for category, value in state["locale"].items():
+        if locale.setlocale(getattr(locale, category)) != value:
+            locale.setlocale(getattr(locale, category), value)
     if "int_max_str_digits" in state and hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(state["int_max_str_digits"])
 
@@ -288,6 +306,20 @@ def _torch_apply(state: dict[str, Any]) -> None:
         torch.set_default_device(state["default_device"])
 
 
+# --- scikit-learn ------------------------------------------------------------------
+
+
+def _sklearn_capture() -> dict[str, Any]:
+    return dict(sys.modules["sklearn"].get_config())
+
+
+def _sklearn_apply(config: dict[str, Any]) -> None:
+    import sklearn
+
+    known = sklearn.get_config()
+    sklearn.set_config(**{k: v for k, v in config.items() if k in known})
+
+
 PROVIDERS = [
     Provider("interpreter", (), _interpreter_capture, _interpreter_apply),
     Provider("warnings", (), lambda: list(warnings.filters), _warnings_apply),
@@ -297,4 +329,5 @@ PROVIDERS = [
     Provider("pandas", ("pandas",), _pandas_capture, _pandas_apply),
     Provider("matplotlib", ("matplotlib",), _matplotlib_capture, _matplotlib_apply),
     Provider("torch", ("torch",), _torch_capture, _torch_apply),
+    Provider("sklearn", ("sklearn",), _sklearn_capture, _sklearn_apply),
 ]

@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from harness import SHARED_COUNTER
 from server_helpers import poll, start_session, text_of
 
-SETUP = """
+SETUP = (
+    """
 import random, sys, decimal, warnings
 import numpy as np
 sys.path.append({src!r})
@@ -20,16 +22,12 @@ tally = Tally(3)
 random.seed(7); np.random.seed(8)
 np.set_printoptions(precision=2); decimal.getcontext().prec = 41
 warnings.filterwarnings('ignore', message='quiet please')
-def make_counter():
-    n = 0
-    def inc():
-        nonlocal n
-        n += 1
-        return n
-    return inc, lambda: n
-inc, get = make_counter()
+"""
+    + SHARED_COUNTER.replace("{", "{{").replace("}", "}}")
+    + """
 inc()
 """
+)
 NEXT = (
     "import json; print(json.dumps([random.random(), np.random.rand(), "
     "np.get_printoptions()['precision'], decimal.getcontext().prec, tally.total(), "
