@@ -43,9 +43,15 @@ def _configurables(shell: Any) -> dict[str, Any]:
     return {type(c).__name__: c for c in found if not isinstance(c, Application)}
 
 
+# where this process keeps its files: the restoring kernel's own, on its node
+_PLACES = frozenset({"ipython_dir", "hist_file", "profile", "profile_dir"})
+
+
 def _config_capture() -> dict[str, dict[str, Any]]:
     return {
-        name: {k: v for k, v in c.trait_values(config=True).items() if _plain(v)}
+        name: {
+            k: v for k, v in c.trait_values(config=True).items() if k not in _PLACES and _plain(v)
+        }
         for name, c in _configurables(_shell()).items()
     }
 
