@@ -49,12 +49,20 @@ class ModuleObjects:
     def __init__(self) -> None:
         self._tables: dict[str, dict[int, tuple[str, str]]] = {}
         self._packages: dict[str, list[tuple[str, types.ModuleType]]] | None = None
-        self.interpreter = {
-            id(getattr(sys.modules[module], attr)): (module, attr)
+        present = {
+            (module, attr): getattr(sys.modules.get(module), attr, None)
             for module, attrs in _INTERPRETER_OBJECTS.items()
             for attr in attrs
-            if getattr(sys.modules.get(module), attr, None) is not None
         }
+        found = {where: value for where, value in present.items() if value is not None}
+        self.interpreter = {id(value): where for where, value in found.items()}
+        # the classes of the objects found: an instance of any other class is never one
+        self._kinds: set[type] = {type(value) for value in found.values()}
+
+    def has_instances(self, cls: type) -> bool:
+        """Whether some object found is of ``cls`` (after :meth:`find` met one of its
+        instances): else the pickler may answer for the whole class at once."""
+        return cls in self._kinds
 
     def find(self, obj: Any) -> tuple[str, str] | None:
         """(module, attribute) where ``obj`` lives, if it is such an object."""
@@ -99,6 +107,7 @@ class ModuleObjects:
                 owner = getattr(kind, "__module__", None)
                 if isinstance(owner, str) and owner.partition(".")[0] == package:
                     found.setdefault(id(value), (name, attr))
+                    self._kinds.add(kind)
         return found
 
 

@@ -350,15 +350,20 @@ class CkptPickler(cloudpickle.Pickler):
         return False
 
     def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        if cls in self._plain:  # called for every instance: the common case goes first
+            return NotImplemented
         where = self.library_objects.find(obj)
         if where is not None and not _named_by_its_reduce(obj):
             self.modules.add(where[0])
             return module_objects.lookup, where
-        cls = type(obj)
-        if cls in self._plain:  # called for every instance: the common case goes first
-            return NotImplemented
         reduced = self._reduce(obj, cls)
-        if reduced is NotImplemented and not _special(cls) and not hasattr(obj, "__qualname__"):
+        if (
+            reduced is NotImplemented
+            and not _special(cls)
+            and not hasattr(obj, "__qualname__")
+            and not self.library_objects.has_instances(cls)
+        ):
             self._plain.add(cls)
         return reduced
 
