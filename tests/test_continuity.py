@@ -74,8 +74,10 @@ pt, sl = Point(1, 2), Slotted()
     "user modules": """
 import sys
 sys.path.append('src')
-from shapes import Square
+from shapes import Square, REGISTRY
+import shapes
 sq = Square(5)
+REGISTRY['unit'] = 1
 """,
 }
 
@@ -133,10 +135,12 @@ PROBES: dict[str, list[str]] = {
         "'src' in sys.path",
         "type(sq).__module__",
         "sq.area()",
+        "REGISTRY is shapes.REGISTRY and REGISTRY == {'unit': 1}",
     ],
 }
 
 SHAPES = """
+REGISTRY = {}
 class Square:
     def __init__(self, side):
         self.side = side
@@ -200,7 +204,7 @@ def test_the_probes_see_what_the_setup_set(continued: Continuation) -> None:
     assert fresh["sklearn.get_config()['transform_output']"] == "pandas"
     sharing = dict(zip(PROBES["sharing"], continued.uninterrupted["sharing"], strict=True))
     assert sharing["[inc(), get()]"] == [3, 3]
-    assert continued.uninterrupted["user modules"] == [True, "shapes", 25]
+    assert continued.uninterrupted["user modules"] == [True, "shapes", 25, True]
 
 
 def test_the_save_names_nothing_it_could_not_keep(continued: Continuation) -> None:

@@ -230,6 +230,9 @@ def _pickle_all(
             record.update(status="lost", reason=f"{type(exc).__name__}: {exc}")
             continue
         record.update(status="saved", bytes=nbytes, devices=sorted(devices))
+        bound = pickled.stream.library_objects.of_users_modules().get(id(value))
+        if bound is not None:  # shared with one of the user's modules: see rebind
+            record["module_attr"] = list(bound)
         pickled.names.append(var)
     for provider, state in process_states.items():
         try:

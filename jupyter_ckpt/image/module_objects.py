@@ -48,6 +48,7 @@ class ModuleObjects:
 
     def __init__(self) -> None:
         self._tables: dict[str, dict[int, tuple[str, str]]] = {}
+        self._users: dict[int, tuple[str, str]] | None = None
         self._packages: dict[str, list[tuple[str, types.ModuleType]]] | None = None
         present = {
             (module, attr): getattr(sys.modules.get(module), attr, None)
@@ -84,6 +85,20 @@ class ModuleObjects:
             self._tables[package] = table
         return table.get(id(obj))
 
+    def of_users_modules(self) -> dict[int, tuple[str, str]]:
+        """id -> (module, attribute) of the objects at the top level of the user's own
+        modules (from outside the installation). Such an object holds the user's data, so
+        it is saved by value; a restore binds the module's name to it again (see
+        :func:`rebind`), so that the module and the notebook share it as before."""
+        if self._users is None:
+            self._users = {}
+            modules = {n: m for n, m in list(sys.modules.items()) if n != "__main__"}
+            for name in to_check(modules):
+                for attr, value in _items(modules[name]):
+                    if not attr.startswith("__") and not issubclass(type(value), _BY_VALUE):
+                        self._users.setdefault(id(value), (name, attr))
+        return self._users
+
     def _walk(self, package: str) -> dict[int, tuple[str, str]]:
         if self._packages is None:
             self._packages = {}
@@ -96,11 +111,7 @@ class ModuleObjects:
         for name, module in modules.items():
             if name in user:
                 continue
-            try:
-                items = list(vars(module).items())
-            except TypeError:
-                continue
-            for attr, value in items:
+            for attr, value in _items(module):
                 kind = type(value)  # not value.__class__: a deprecated alias may warn on it
                 if attr.startswith("__") or issubclass(kind, _BY_VALUE):
                     continue
@@ -109,6 +120,19 @@ class ModuleObjects:
                     found.setdefault(id(value), (name, attr))
                     self._kinds.add(kind)
         return found
+
+
+def _items(module: Any) -> list[tuple[str, Any]]:
+    try:
+        return list(vars(module).items())
+    except TypeError:  # a module object without a namespace
+        return []
+
+
+def rebind(module: str, attr: str, value: Any) -> None:
+    """Bind ``module.attr`` to ``value`` again, as it was when the image was saved."""
+    __import__(module)
+    setattr(sys.modules[module], attr, value)
 
 
 def lookup(module: str, attr: str) -> Any:

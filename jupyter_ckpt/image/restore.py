@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import process
-from . import devices, pickler, stream
+from . import devices, module_objects, pickler, stream
 
 
 @dataclass
@@ -109,6 +109,15 @@ def restore(
             why = report.missing.pop(name)
             report.warnings.append(f"{name.removeprefix(process.PREFIX)} not restored: {why}")
     namespace.update(staged)
+    for var in manifest["variables"]:
+        if "module_attr" in var and var["name"] in staged:
+            module, attr = var["module_attr"]
+            try:
+                module_objects.rebind(module, attr, staged[var["name"]])
+            except Exception as exc:
+                report.warnings.append(
+                    f"{var['name']} is no longer {module}.{attr}: {type(exc).__name__}: {exc}"
+                )
     order = [v["name"] for v in manifest["variables"]]
     report.restored = [n for n in order if n in staged]
     report.warnings.extend(mapper.warnings)

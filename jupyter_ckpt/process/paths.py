@@ -68,9 +68,11 @@ def to_check(names: Iterable[str]) -> dict[str, str | None]:
     """Module -> the file it was loaded from (None: from no file), for the loaded modules
     among ``names`` that are not part of the installation."""
     found: dict[str, str | None] = {}
+    main = sys.modules.get("__main__")
     for name in sorted(set(names)):
         module = sys.modules.get(name)
-        if module is None or name == "__main__":
+        # the notebook's own namespace, under any name (multiprocessing's __mp_main__)
+        if module is None or module is main:
             continue
         origin = _origin(module)
         if origin in ("built-in", "frozen") or (origin is not None and _installed(origin)):
