@@ -120,3 +120,36 @@ async def two_asks() -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_a_timer_of_the_users_code_woke_when_it_re_armed():
+    asyncio.run(timers())
+
+
+def _later() -> None:
+    pass
+
+
+async def timers() -> None:
+    loop = asyncio.get_running_loop()
+    far = loop.call_later(3600, _later)  # not due: it does not run
+
+    def _again() -> None:
+        ticks.append(loop.call_later(0.01, _again))
+
+    ticks = [loop.call_later(0.01, _again)]
+    try:
+        words = {
+            f"a callback `{f.__qualname__}` is scheduled on the kernel's loop": f
+            for f in (_later, _again)
+        }
+        first = activity.describe([])
+        assert sorted(first["woken_tasks"]) == sorted(words)  # new since the last ask
+        count = len(ticks)
+        while len(ticks) < count + 2:
+            await asyncio.sleep(0.01)
+        (again,) = [w for w, f in words.items() if f is _again]
+        assert activity.describe([])["woken_tasks"] == [again]
+    finally:
+        far.cancel()
+        ticks[-1].cancel()

@@ -152,15 +152,23 @@ def _describe_function(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
+def _target(thread: threading.Thread) -> Any:
+    """The function the thread was started to run: its target, or a timer's function
+    (which it runs once due); None for a thread that runs its class's ``run``."""
+    if isinstance(thread, threading.Timer):
+        return thread.function
+    return getattr(thread, "_target", None)
+
+
 def _entry(thread: threading.Thread) -> Any:
     """What the thread runs: its target, or its class's ``run``."""
-    target = getattr(thread, "_target", None)
+    target = _target(thread)
     return target if target is not None else type(thread).run
 
 
 def _thread_entry(thread: threading.Thread) -> tuple[str | None, str]:
     """(module, name) of what the thread runs: its target, or its class's ``run``."""
-    target = getattr(thread, "_target", None)
+    target = _target(thread)
     if target is not None:
         return getattr(target, "__module__", None), _describe_function(target)
     cls = type(thread)
@@ -287,15 +295,53 @@ def _woke(task: asyncio.Task[Any]) -> bool:
     return bool(seen() is not waiter)
 
 
+# id -> a timer of the loop that calls the user's code, as the last ask saw them: a
+# callback that re-arms itself (``loop.call_later``, tornado's PeriodicCallback) makes a
+# new timer each time it runs, so one not seen at the last ask ran since
+_timers_seen: weakref.WeakValueDictionary[int, asyncio.TimerHandle] = weakref.WeakValueDictionary()
+
+
+def _users_callback(handle: asyncio.TimerHandle) -> Any:
+    """The user's function a timer of the loop calls, through ``functools.partial`` and
+    tornado's wrappers (an IOLoop's timeout, a PeriodicCallback); None if none."""
+    todo = [getattr(handle, "_callback", None), *(getattr(handle, "_args", None) or ())]
+    for _ in range(8):  # a few wrappers deep at most
+        todo = [c for c in todo if c is not None and callable(c)]
+        for callback in todo:
+            if _user_callable(callback):
+                return callback
+        todo = [getattr(c, "func", None) for c in todo] + [
+            getattr(getattr(c, "__self__", None), "callback", None) for c in todo
+        ]
+    return None
+
+
+def _user_timers(loop: asyncio.AbstractEventLoop) -> list[tuple[str, str, bool]]:
+    """(name, words, whether it is new since the last ask) of the loop's timers that call
+    the user's code (asyncio's own event loops keep them in ``_scheduled``)."""
+    timers = []
+    scheduled = [h for h in getattr(loop, "_scheduled", ()) if not h.cancelled()]
+    for handle in scheduled:
+        callback = _users_callback(handle)
+        if callback is not None:
+            name = _describe_function(callback)
+            words = f"a callback `{name}` is scheduled on the kernel's loop"
+            timers.append((name, words, _timers_seen.get(id(handle)) is not handle))
+    _timers_seen.clear()
+    _timers_seen.update({id(h): h for h in scheduled})
+    return timers
+
+
 def user_tasks(ignore: Iterable[str] = ()) -> list[tuple[str, bool]]:
-    """The user's pending asyncio tasks on the kernel's loop, in words, each with whether
-    it woke since the last ask (which starts the next window)."""
+    """The user's pending asyncio tasks and timers on the kernel's loop, in words, each
+    with whether it woke since the last ask (which starts the next window)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # a kernel whose loop does not run this call
         return []
     current = asyncio.current_task(loop)
-    tasks = []
+    timers = _user_timers(loop)
+    tasks = [(words, woke) for name, words, woke in timers if not _ignored([name], ignore)]
     for task in asyncio.all_tasks(loop):
         if task is current or task.done() or _in(_coroutine_module(task), KERNEL_PACKAGES):
             continue

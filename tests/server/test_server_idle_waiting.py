@@ -71,6 +71,26 @@ KEPT = [
         r"an asyncio task running `_fetch` is pending \(",
     ),
     Case(
+        "a callback that re-arms itself on the kernel's loop",
+        "def _again(left):\n"
+        "    step()\n"
+        "    if left > 1:\n"
+        "        asyncio.get_event_loop().call_later(0.1, _again, left - 1)\n"
+        "asyncio.get_event_loop().call_later(0.1, _again, {steps})\n",
+        r"a callback `_again` is scheduled on the kernel's loop \(",
+    ),
+    Case(
+        "a tornado PeriodicCallback",
+        "from tornado.ioloop import PeriodicCallback\n"
+        "def _count():\n"
+        "    step()\n"
+        "    if progress['n'] >= {steps}:\n"
+        "        counting.stop()\n"
+        "counting = PeriodicCallback(_count, 100)\n"
+        "counting.start()\n",
+        r"a callback `_count` is scheduled on the kernel's loop \(",
+    ),
+    Case(
         "a concurrent.futures worker",
         "from concurrent.futures import ThreadPoolExecutor\n"
         "pool = ThreadPoolExecutor(2)\n"
@@ -121,6 +141,15 @@ KEPT = [
         "            step()\n"
         "threading.Thread(target=_receive, args=({sender!r},)).start()\n",
         r"a thread started by `_receive` is running \(",
+    ),
+    Case(
+        "a threading.Timer that re-arms itself",
+        "def _tick(left):\n"
+        "    step()\n"
+        "    if left > 1:\n"
+        "        threading.Timer(0.1, _tick, args=(left - 1,)).start()\n"
+        "threading.Timer(0.1, _tick, args=({steps},)).start()\n",
+        r"a thread started by `_tick` is running \(",
     ),
     Case(
         "a queue.Queue consumer fed by a producer",
