@@ -13,9 +13,8 @@ The kernel is asked (a silent call into a real kernel) only about threads found 
 awake that it has not judged for good, at most ``MAX_ASKS_PER_TICK`` kernels per tick
 (the stand-ins' threads sleep: a tick asks none of them, as with kernels at rest). The
 call is measured on ``--real`` real ipykernel kernels, wired as in the server, and scaled
-to the most kernels one tick asks:
-the worst case, every kernel starting work at once. (The figure for every kernel asked
-in one tick is printed too.)
+to the most kernels one tick asks: the worst case, every kernel starting work at once.
+(The figure for every kernel asked in one tick is printed too.)
 
     python benchmarks/bench_monitor.py --kernels 100 --ticks 50 --real 3
 """

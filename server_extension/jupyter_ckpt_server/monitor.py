@@ -97,8 +97,11 @@ class IdleMonitor:
         # kernel id -> the pid of the kernel itself (below any launcher)
         self._kernel_pids: dict[str, int] = {}
         # kernel id -> thread id -> the kernel's verdict on it, where it holds for the
-        # thread's life (see work.verdicts): such a thread is asked about once
+        # thread's life (see work.verdicts): such a thread is asked about once, until a
+        # client's message (a cell: `%ckpt idle-ok` may have changed the verdict)
         self._names: dict[str, dict[str, dict[str, Any]]] = {}
+        # kernel id -> how many client messages it had when its verdicts were given
+        self._names_at: dict[str, int] = {}
         # kernel id -> when a tick last asked it (time.monotonic())
         self._asked_at: dict[str, float] = {}
         # kernel id -> (when, the variables its last successful image left out)
@@ -151,6 +154,7 @@ class IdleMonitor:
             self._window_starts,
             self._kernel_pids,
             self._names,
+            self._names_at,
             self._unsaveable,
             self._asked_at,
         ):
@@ -284,7 +288,7 @@ class IdleMonitor:
         again anyway."""
         if not self._asks or a.blocked_by != self._kernel_work.get(a.kernel_id, []):
             return False
-        known = self._names.get(a.kernel_id, {})
+        known = self._known(a.kernel_id)
         main = self._kernel_pids.get(a.kernel_id)
         return any(x.tid == main or str(x.tid) not in known for x in loads)
 
@@ -311,7 +315,7 @@ class IdleMonitor:
         a.blocked_by = [b for b in a.blocked_by if b not in previous]
         a.background_work = [b for b in a.background_work if b not in previous]
         kernel_pid = self._kernel_pids.get(a.kernel_id, 0)
-        known = self._names.setdefault(a.kernel_id, {})
+        known = self._known(a.kernel_id)
         sample = self._samples.get(a.kernel_id)
         for tid in [t for t in known if sample and int(t) not in sample.cpu]:
             del known[tid]  # the thread ended: its id may come back for another
@@ -337,6 +341,14 @@ class IdleMonitor:
         now = datetime.now(timezone.utc)
         kernel = km.get_kernel(a.kernel_id) if km.is_running(a.kernel_id) else None
         self._note_work(a, now, getattr(kernel, "last_activity", None) or now, bool(found))
+
+    def _known(self, kernel_id: str) -> dict[str, dict[str, Any]]:
+        """The kernel's verdicts that still hold: none once a client sent it something."""
+        messages = self.manager.client_messages[kernel_id]
+        if self._names_at.get(kernel_id) != messages:
+            self._names[kernel_id] = {}
+            self._names_at[kernel_id] = messages
+        return self._names.setdefault(kernel_id, {})
 
     def _restart_main_window(self, kernel_id: str) -> None:
         """Start the main thread's next window after a call the kernel answered: the call

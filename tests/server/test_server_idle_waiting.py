@@ -31,10 +31,12 @@ import asyncio, threading, time
 from pathlib import Path
 PROGRESS = Path({progress!r})
 progress = {{"n": 0}}
+counting = threading.Lock()  # workers step at once
 def step():
     # a step that costs almost nothing: what it does is wait
-    progress["n"] += 1
-    PROGRESS.write_text(str(progress["n"]))
+    with counting:
+        progress["n"] += 1
+        PROGRESS.write_text(str(progress["n"]))
 def paced(seconds, steps):
     for _ in range(steps):
         time.sleep(seconds)
@@ -85,9 +87,9 @@ KEPT = [
         "def _count():\n"
         "    step()\n"
         "    if progress['n'] >= {steps}:\n"
-        "        counting.stop()\n"
-        "counting = PeriodicCallback(_count, 100)\n"
-        "counting.start()\n",
+        "        periodic.stop()\n"
+        "periodic = PeriodicCallback(_count, 100)\n"
+        "periodic.start()\n",
         r"a callback `_count` is scheduled on the kernel's loop \(",
     ),
     Case(
@@ -357,6 +359,41 @@ async def test_library_sleepers_and_parked_work_are_suspended(jp_fetch, connect,
     manager.policy.on_unsaveable = "suspend"
     manager.policy.idle_timeout = IDLE_TIMEOUT
     km = manager.kernel_manager
+
+    async def suspended() -> bool:
+        await monitor.tick()
+        return km.is_suspended(kernel_id)
+
+    await poll(suspended, timeout=60, what="the suspension")
+
+
+async def test_work_marked_idle_ok_after_it_was_seen_no_longer_keeps_the_kernel(
+    jp_fetch, connect, manager, monitor
+):
+    kernel_id = await start_kernel(jp_fetch)
+    client = await connect(kernel_id)
+    reply, _ = await client.execute(
+        "import threading, time\n"
+        "def _refresh():\n"
+        "    while True:\n"
+        "        time.sleep(0.1)\n"
+        "threading.Thread(target=_refresh, daemon=True).start()\n"
+        "%load_ext jupyter_ckpt\n"
+    )
+    assert reply["status"] == "ok"
+    manager.policy.on_unsaveable = "suspend"
+    manager.policy.idle_timeout = IDLE_TIMEOUT
+    km = manager.kernel_manager
+    refreshing = "a thread started by `_refresh` is running (woke"
+
+    async def named() -> bool:
+        assert await monitor.tick() == []
+        (status,) = monitor.assess_all(kernel_ids=[kernel_id])
+        return any(w.startswith(refreshing) for w in status.background_work)
+
+    await poll(named, what="the loop named")
+    _, outputs = await client.execute("%ckpt idle-ok _refresh")
+    assert "_refresh" in text_of(outputs)
 
     async def suspended() -> bool:
         await monitor.tick()
