@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import os
 import site
 import sys
@@ -120,6 +121,7 @@ def _frame_module(frame: FrameType) -> str | None:
     return frame.f_globals.get("__name__")
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every frame of every thread asked about
 def _users(module: str | None, filename: str | None) -> bool:
     """Whether code of ``module`` in ``filename`` is the user's: the notebook's cells
     (``__main__``), or a module of their own (a file outside the installed libraries)."""
