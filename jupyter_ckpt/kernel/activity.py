@@ -26,6 +26,7 @@ import site
 import sys
 import sysconfig
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from types import FrameType
@@ -285,6 +286,21 @@ def _coroutine_module(task: asyncio.Task[Any]) -> str | None:
 # cost every step and change what the task is.
 _waiting_on: weakref.WeakKeyDictionary[asyncio.Task[Any], Any] = weakref.WeakKeyDictionary()
 _NEW = object()
+# id -> a timer of the loop that calls the user's code, as the last ask saw them: a
+# callback that re-arms itself (``loop.call_later``, tornado's PeriodicCallback) makes a
+# new timer each time it runs, so one not seen at the last ask ran since
+_timers_seen: weakref.WeakValueDictionary[int, asyncio.TimerHandle] = weakref.WeakValueDictionary()
+# a task, or a timer's function -> when an ask first found that it had run (the server's
+# window may reach back past the last ask: another status call may have asked since)
+_ran_at: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def _ran(key: Any, ran: bool, cutoff: float) -> bool:
+    """Note that ``key`` ran since the last ask (if ``ran``); whether it ran since
+    ``cutoff`` (time.monotonic()) as far as the asks tell."""
+    if ran:
+        _ran_at[key] = time.monotonic()
+    return _ran_at.get(key, float("-inf")) >= cutoff
 
 
 def _woke(task: asyncio.Task[Any]) -> bool:
@@ -295,12 +311,6 @@ def _woke(task: asyncio.Task[Any]) -> bool:
     if seen is _NEW or waiter is None or seen is None:
         return True
     return bool(seen() is not waiter)
-
-
-# id -> a timer of the loop that calls the user's code, as the last ask saw them: a
-# callback that re-arms itself (``loop.call_later``, tornado's PeriodicCallback) makes a
-# new timer each time it runs, so one not seen at the last ask ran since
-_timers_seen: weakref.WeakValueDictionary[int, asyncio.TimerHandle] = weakref.WeakValueDictionary()
 
 
 def _users_callback(handle: asyncio.TimerHandle) -> Any:
@@ -318,9 +328,9 @@ def _users_callback(handle: asyncio.TimerHandle) -> Any:
     return None
 
 
-def _user_timers(loop: asyncio.AbstractEventLoop) -> list[tuple[str, str, bool]]:
-    """(name, words, whether it is new since the last ask) of the loop's timers that call
-    the user's code (asyncio's own event loops keep them in ``_scheduled``)."""
+def _user_timers(loop: asyncio.AbstractEventLoop, cutoff: float) -> list[tuple[str, str, bool]]:
+    """(name, words, whether it ran since ``cutoff``) of the loop's timers that call the
+    user's code (asyncio's own event loops keep them in ``_scheduled``)."""
     timers = []
     scheduled = [h for h in getattr(loop, "_scheduled", ()) if not h.cancelled()]
     for handle in scheduled:
@@ -328,37 +338,41 @@ def _user_timers(loop: asyncio.AbstractEventLoop) -> list[tuple[str, str, bool]]
         if callback is not None:
             name = _describe_function(callback)
             words = f"a callback `{name}` is scheduled on the kernel's loop"
-            timers.append((name, words, _timers_seen.get(id(handle)) is not handle))
+            new = _timers_seen.get(id(handle)) is not handle
+            timers.append((name, words, _ran(getattr(callback, "__func__", callback), new, cutoff)))
     _timers_seen.clear()
     _timers_seen.update({id(h): h for h in scheduled})
     return timers
 
 
-def user_tasks(ignore: Iterable[str] = ()) -> list[tuple[str, bool]]:
+def user_tasks(ignore: Iterable[str] = (), since: float | None = None) -> list[tuple[str, bool]]:
     """The user's pending asyncio tasks and timers on the kernel's loop, in words, each
-    with whether it woke since the last ask (which starts the next window)."""
+    with whether it ran in the last ``since`` seconds (None: since the last ask)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # a kernel whose loop does not run this call
         return []
     current = asyncio.current_task(loop)
-    timers = _user_timers(loop)
+    cutoff = time.monotonic() - (since or 0.0)
+    timers = _user_timers(loop, cutoff)
     tasks = [(words, woke) for name, words, woke in timers if not _ignored([name], ignore)]
     for task in asyncio.all_tasks(loop):
         if task is current or task.done() or _in(_coroutine_module(task), KERNEL_PACKAGES):
             continue
         function = _describe_function(task.get_coro())
-        woke = _woke(task)
+        woke = _ran(task, _woke(task), cutoff)
         if not _ignored((task.get_name(), function), ignore):
             tasks.append((f"an asyncio task running `{function}` is pending", woke))
     return sorted(tasks)
 
 
-def describe(tids: list[int], ignore: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+def describe(
+    tids: list[int], ignore: list[str] | tuple[str, ...] = (), since: float | None = None
+) -> dict[str, Any]:
     """``{"threads": {native id: its verdict (see :func:`verdict`)}, "tasks": [pending
-    user tasks], "woken_tasks": [those of them that ran since the last ask]}`` for the
-    threads the server saw busy or awake. ``ignore``: the server's patterns of helper
-    threads; the user's :data:`IDLE_OK` marks apply too."""
+    user tasks], "woken_tasks": [those of them that ran in the last ``since`` seconds, or
+    since the last ask]}`` for the threads the server saw busy or awake. ``ignore``: the
+    server's patterns of helper threads; the user's :data:`IDLE_OK` marks apply too."""
     patterns = (*ignore, *IDLE_OK)
     frames = sys._current_frames()
     wanted = set(tids)
@@ -368,7 +382,7 @@ def describe(tids: list[int], ignore: list[str] | tuple[str, ...] = ()) -> dict[
         for thread in threading.enumerate()
         if thread.native_id in wanted and thread is not threading.main_thread()
     }
-    tasks = user_tasks(patterns)
+    tasks = user_tasks(patterns, since)
     return {
         "threads": threads,
         "tasks": [text for text, _ in tasks],

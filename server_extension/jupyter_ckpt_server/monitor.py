@@ -322,7 +322,11 @@ class IdleMonitor:
         found: list[str] = []
         if ask:
             tids = [load.tid for load in loads]
-            answer = await work.ask_kernel(self.manager, a.kernel_id, self.manager.policy, tids)
+            # the user's tasks that ran since the window started, as the threads' wakes
+            start = self._window_starts.get(a.kernel_id)
+            since = time.monotonic() - start.at if start and start.pid == kernel_pid else None
+            policy = self.manager.policy
+            answer = await work.ask_kernel(self.manager, a.kernel_id, policy, tids, since)
             if isinstance(answer, str):
                 found = [answer]
             else:

@@ -297,13 +297,19 @@ def named(
 
 
 async def ask_kernel(
-    manager: CkptManager, kernel_id: str, policy: SuspendPolicy, tids: list[int]
+    manager: CkptManager,
+    kernel_id: str,
+    policy: SuspendPolicy,
+    tids: list[int],
+    since: float | None = None,
 ) -> dict[str, Any] | str:
-    """What the kernel says of its threads ``tids`` and the user's tasks; a reason (as a
-    string) when it cannot say. A kernel that does not answer within
-    ``activity_timeout`` counts as busy, never as idle."""
+    """What the kernel says of its threads ``tids`` and the user's tasks (which of them
+    ran in the last ``since`` seconds, default since the last ask); a reason (as a string)
+    when it cannot say. A kernel that does not answer within ``activity_timeout`` counts
+    as busy, never as idle."""
     timeout = min(policy.activity_timeout, policy.check_interval)
-    call = f"describe({sorted(tids)!r}, {list(policy.background_thread_ignore)!r})"
+    ignore = list(policy.background_thread_ignore)
+    call = f"describe({sorted(tids)!r}, {ignore!r}, {since!r})"
     try:
         return await quiet_call(manager, kernel_id, call, timeout)
     except asyncio.TimeoutError:
