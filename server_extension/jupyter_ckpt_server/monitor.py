@@ -286,7 +286,7 @@ class IdleMonitor:
         for its tasks) was busy or awake in the window. A kernel at rest is never asked:
         its own threads are judged once, its main thread sleeps, and a suspend asks it
         again anyway."""
-        if not self._asks or a.blocked_by != self._kernel_work.get(a.kernel_id, []):
+        if not loads or not self._asks or a.blocked_by != self._kernel_work.get(a.kernel_id, []):
             return False
         known = self._known(a.kernel_id)
         main = self._kernel_pids.get(a.kernel_id)
