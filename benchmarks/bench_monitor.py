@@ -9,11 +9,12 @@ counters and walks real process trees. NVML is answered by a stand-in reporting 
 memory and utilization for half of them, as on a busy GPU node. The tick is measured
 alone, on the stand-ins.
 
-The kernel is asked (a silent call into a real kernel) only to name threads found busy,
-at most ``MAX_ASKS_PER_TICK`` kernels per tick. The call is measured on ``--real`` real
-ipykernel kernels, wired as in the server, and scaled to the most kernels one tick asks:
-the worst case, every kernel starting work at once. (The figure for every kernel asked
-in one tick is printed too.)
+The kernel is asked (a silent call into a real kernel) only about threads found busy or
+awake that it has not judged for good, at most ``MAX_ASKS_PER_TICK`` kernels per tick
+(the stand-ins' threads sleep: a tick asks none of them, as with kernels at rest). The
+call is measured on ``--real`` real ipykernel kernels, wired as in the server, and scaled
+to the most kernels one tick asks: the worst case, every kernel starting work at once.
+(The figure for every kernel asked in one tick is printed too.)
 
     python benchmarks/bench_monitor.py --kernels 100 --ticks 50 --real 3
 """
@@ -154,7 +155,7 @@ async def kernel_side_cost(real: int, calls: int, store_dir: Path) -> tuple[floa
             await manager.rpc.ready(kernel_id)
             await manager.kernel_call(kernel_id, "describe([])", 60)  # imports, once
             answer = await ask(kernel_id)
-            assert answer == {"threads": {}, "tasks": []}, answer
+            assert answer == {"threads": {}, "tasks": [], "woken_tasks": []}, answer
         cpu, wall = time.process_time(), time.perf_counter()
         for _ in range(calls):
             await asyncio.gather(*(ask(k) for k in ids))

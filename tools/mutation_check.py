@@ -36,6 +36,7 @@ SUSPEND = "tests/server/test_server_suspend_restore.py"
 RACES = "tests/server/test_server_races.py"
 MONITOR = "tests/server/test_server_monitor.py"
 IDLE_WORK = "tests/server/test_server_idle_work.py"
+IDLE_WAITING = "tests/server/test_server_idle_waiting.py"
 ENCRYPTION = "tests/test_encryption.py"
 AUTOSAVE = "tests/server/test_server_autosave.py"
 CRASH = "tests/server/test_server_crash.py"
@@ -388,9 +389,23 @@ MUTANTS = [
     Mutant(
         "threads-not-measured",
         f"{SERVER}/monitor.py",
-        "            for load in work.busy_threads(before, after, self.manager.policy)\n",
+        "            for load in work.active_threads(before, after, self.manager.policy, since)\n",
         "            for load in []\n",
         (IDLE_WORK,),
+    ),
+    Mutant(
+        "waking-not-work",
+        f"{SERVER}/work.py",
+        "        if busy or wakes > 0:\n",
+        "        if busy:\n",
+        (IDLE_WAITING,),
+    ),
+    Mutant(
+        "library-sleepers-count",
+        "jupyter_ckpt/kernel/activity.py",
+        '    return {"name": name, "user": _user_callable(_entry(thread)), "fixed": True}\n',
+        '    return {"name": name, "user": True, "fixed": True}\n',
+        (IDLE_WAITING,),
     ),
     Mutant(
         "unsaveable-not-said",

@@ -20,6 +20,7 @@ from ..store.mapping import Checker
 from ..store.progress import Progress
 from . import background
 from .activity import describe as describe
+from .activity import idle_ok as idle_ok
 from .state import (
     adopt,
     apply_kernel_facts,

@@ -1,4 +1,4 @@
-"""`%ckpt` magics: save, restore, list, show, rm, exclude, include, status.
+"""`%ckpt` magics: save, restore, list, show, rm, exclude, include, status, idle-ok.
 
 Output is short and human, and always names every variable that was not saved or not
 restored, with the reason.
@@ -15,6 +15,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from ..errors import CkptError
 from ..format import describe_image, human_bytes, list_images
 from . import session
+from .activity import IDLE_OK, idle_ok
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("include", help="undo exclude").add_argument("names", nargs="+", metavar="VAR")
     sub.add_parser("status", help="store, exclusions and the last image")
+    idle = sub.add_parser(
+        "idle-ok", help="background work that does not keep the kernel from being suspended"
+    )
+    idle.add_argument(
+        "names", nargs="*", metavar="NAME", help="a function or thread name, or a pattern"
+    )
+    idle.add_argument("--undo", action="store_true", help="count their work again")
     return parser
 
 
@@ -75,7 +83,7 @@ class CkptMagics(Magics):
             print(f"%ckpt: {exc}")
             return
         try:
-            print("\n".join(getattr(self, f"_{args.command}")(args)))
+            print("\n".join(getattr(self, f"_{args.command.replace('-', '_')}")(args)))
         except (CkptError, OSError) as exc:  # one line: the store errors name what to do
             print(f"%ckpt {args.command}: {exc}")
 
@@ -136,5 +144,15 @@ class CkptMagics(Magics):
             f"Store: {s.store.backend.url}",
             f"Excluded: {', '.join(sorted(s.excluded)) or '(none)'}",
             f"Last image: {s.last_image or '(none)'}",
+            f"Not keeping the kernel from a suspend: {', '.join(sorted(IDLE_OK)) or '(none)'}",
             *(f"Damaged on disk since its restore: {n} ({why})" for n, why in s.damaged.items()),
+        ]
+
+    def _idle_ok(self, args: Any) -> list[str]:
+        marked = idle_ok(*args.names, undo=args.undo)
+        if not marked:
+            return ["Background work that does not keep the kernel: (none)"]
+        return [
+            f"Background work that does not keep the kernel: {', '.join(marked)}",
+            "(a suspend stops it; the status no longer names it)",
         ]

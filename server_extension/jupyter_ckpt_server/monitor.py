@@ -3,10 +3,11 @@
 One tick asks NVML once for every process's GPU memory and utilization and reads the
 process table once (psutil); per kernel it then reads fields the server already keeps
 (``last_activity``, ``execution_state``, connections), its child processes, and its
-threads' CPU time and I/O since the last tick (:mod:`.work`): the check window. The
-kernel is asked (a silent call of a few milliseconds) only to name threads found busy, and
-only so many kernels per tick; so 100 kernels at rest cost little more than one, and 100
-kernels starting work at once not much more (``benchmarks/bench_monitor.py``).
+threads' CPU time, I/O and wake-ups since the last tick (:mod:`.work`): the check window.
+The kernel is asked (a silent call of a few milliseconds) only about threads found busy or
+awake that it has not judged for good yet, and about its tasks when its main thread woke,
+and only so many kernels per tick; so 100 kernels at rest cost little more than one, and
+100 kernels starting work at once not much more (``benchmarks/bench_monitor.py``).
 
 Background work is activity: while the monitor sees it the kernel is not suspended, and
 its idle clock runs from the last moment the monitor saw the work (or the last message,
@@ -91,11 +92,16 @@ class IdleMonitor:
         self._kernel_work: dict[str, list[str]] = {}
         # kernel id -> its threads at the last tick: where the next window starts
         self._samples: dict[str, work.Sample] = {}
+        # kernel id -> its threads at the tick before: where the last window started
+        self._window_starts: dict[str, work.Sample] = {}
         # kernel id -> the pid of the kernel itself (below any launcher)
         self._kernel_pids: dict[str, int] = {}
-        # kernel id -> thread id -> what the kernel said it runs (see work.names): a busy
-        # thread is named once, not asked about at every tick
-        self._names: dict[str, dict[str, str | None]] = {}
+        # kernel id -> thread id -> the kernel's verdict on it, where it holds for the
+        # thread's life (see work.verdicts): such a thread is asked about once, until a
+        # client's message (a cell: `%ckpt idle-ok` may have changed the verdict)
+        self._names: dict[str, dict[str, dict[str, Any]]] = {}
+        # kernel id -> how many client messages it had when its verdicts were given
+        self._names_at: dict[str, int] = {}
         # kernel id -> when a tick last asked it (time.monotonic())
         self._asked_at: dict[str, float] = {}
         # kernel id -> (when, the variables its last successful image left out)
@@ -145,8 +151,10 @@ class IdleMonitor:
             self._work_seen,
             self._kernel_work,
             self._samples,
+            self._window_starts,
             self._kernel_pids,
             self._names,
+            self._names_at,
             self._unsaveable,
             self._asked_at,
         ):
@@ -220,19 +228,22 @@ class IdleMonitor:
         last = max(last_activity, self._work_seen.get(a.kernel_id, last_activity))
         a.idle_seconds = (now - last).total_seconds()
 
-    def _loads(self, kernel_id: str, before: work.Sample, after: work.Sample) -> list[work.Load]:
-        """The busy threads between two samples that the policy counts: the main
-        thread's load only for "tasks", the others' only for "threads"."""
+    def _loads(
+        self, before: work.Sample, after: work.Sample, since: work.Sample | None = None
+    ) -> list[work.Load]:
+        """The threads busy or awake between two samples (see :func:`work.active_threads`)
+        that the policy counts: the main thread's only for "tasks", the others' only for
+        "threads"."""
         kinds = self.manager.policy.background_work
         return [
             load
-            for load in work.busy_threads(before, after, self.manager.policy)
+            for load in work.active_threads(before, after, self.manager.policy, since)
             if ("tasks" if load.tid == after.pid else "threads") in kinds
         ]
 
     def _measure_all(self, assessments: list[Assessment]) -> dict[str, list[work.Load]]:
-        """Each kernel's busy threads since the last tick; this tick starts the next
-        window. (Runs in a worker thread: it reads /proc.)"""
+        """Each kernel's busy and awake threads since the last tick; this tick starts the
+        next window. (Runs in a worker thread: it reads /proc.)"""
         loads: dict[str, list[work.Load]] = {}
         if not self._asks:  # neither threads nor tasks count: nothing to measure
             return loads
@@ -243,13 +254,18 @@ class IdleMonitor:
             if after is None:
                 continue
             self._samples[a.kernel_id] = after
-            loads[a.kernel_id] = self._loads(a.kernel_id, before, after) if before else []
+            if before is not None:
+                self._window_starts[a.kernel_id] = before
+            loads[a.kernel_id] = self._loads(before, after) if before else []
         return loads
 
     async def _measure_now(self, kernel_id: str) -> list[work.Load]:
         """The kernel's busy threads over the next ``MIN_WINDOW_SECONDS``: what it does
         now, for a status of this kernel alone or right before a suspend (a window from
-        the last tick would dilute a thread started since). The tick's windows are left
+        the last tick would dilute a thread started since); and those that woke since the
+        last tick's window started (a loop that sleeps between its steps may not wake in
+        half a second: its last step counts, as it did for the tick), or since the kernel
+        started when no tick has measured a window of it yet. The tick's windows are left
         as they are."""
         pid = self._kernel_pids.get(kernel_id)
         before = work.sample(pid) if pid else None
@@ -257,7 +273,10 @@ class IdleMonitor:
             return []
         await asyncio.sleep(MIN_WINDOW_SECONDS)
         after = work.sample(before.pid)
-        return self._loads(kernel_id, before, after) if after else []
+        since = self._window_starts.get(kernel_id)
+        if since is None or since.pid != before.pid:  # no window yet: since the start
+            since = work.at_start(before.pid)
+        return self._loads(before, after, since) if after else []
 
     @property
     def _asks(self) -> bool:
@@ -266,12 +285,13 @@ class IdleMonitor:
 
     def _wants_kernel_check(self, a: Assessment, loads: list[work.Load]) -> bool:
         """Ask the kernel only when its answer says something: nothing but its threads
-        and tasks blocks it, and a thread it has not named yet (or its main thread, for
-        its tasks) was busy in the window. A kernel at rest is never asked: with nothing
-        busy there is nothing to name, and a suspend asks it again anyway."""
-        if not self._asks or a.blocked_by != self._kernel_work.get(a.kernel_id, []):
+        and tasks blocks it, and a thread it has not judged for good (or its main thread,
+        for its tasks) was busy or awake in the window. A kernel at rest is never asked:
+        its own threads are judged once, its main thread sleeps, and a suspend asks it
+        again anyway."""
+        if not loads or not self._asks or a.blocked_by != self._kernel_work.get(a.kernel_id, []):
             return False
-        known = self._names.get(a.kernel_id, {})
+        known = self._known(a.kernel_id)
         main = self._kernel_pids.get(a.kernel_id)
         return any(x.tid == main or str(x.tid) not in known for x in loads)
 
@@ -298,21 +318,29 @@ class IdleMonitor:
         a.blocked_by = [b for b in a.blocked_by if b not in previous]
         a.background_work = [b for b in a.background_work if b not in previous]
         kernel_pid = self._kernel_pids.get(a.kernel_id, 0)
-        known = self._names.setdefault(a.kernel_id, {})
+        known = self._known(a.kernel_id)
         sample = self._samples.get(a.kernel_id)
         for tid in [t for t in known if sample and int(t) not in sample.cpu]:
             del known[tid]  # the thread ended: its id may come back for another
         found: list[str] = []
         if ask:
             tids = [load.tid for load in loads]
-            answer = await work.ask_kernel(self.manager, a.kernel_id, self.manager.policy, tids)
+            # the user's tasks that ran since the window started, as the threads' wakes
+            start = self._window_starts.get(a.kernel_id)
+            since = time.monotonic() - start.at if start and start.pid == kernel_pid else None
+            policy = self.manager.policy
+            answer = await work.ask_kernel(self.manager, a.kernel_id, policy, tids, since)
             if isinstance(answer, str):
                 found = [answer]
             else:
-                known.update(work.names([t for t in tids if t != kernel_pid], answer))
-                found = work.named(loads, known, answer.get("tasks", []), kernel_pid)
+                judged = work.verdicts([t for t in tids if t != kernel_pid], answer)
+                known.update({t: v for t, v in judged.items() if v["fixed"]})
+                tasks, woken = answer.get("tasks", []), answer.get("woken_tasks", [])
+                found = work.named(loads, {**known, **judged}, tasks, woken, kernel_pid)
+                self._restart_main_window(a.kernel_id)
         else:  # the main thread's load is work only with tasks: left for a window that asks
-            found = work.named([x for x in loads if x.tid != kernel_pid], known, [], kernel_pid)
+            others = [x for x in loads if x.tid != kernel_pid]
+            found = work.named(others, known, [], [], kernel_pid)
         if found:
             self._kernel_work[a.kernel_id] = found
             a.background_work += found
@@ -320,6 +348,23 @@ class IdleMonitor:
         now = datetime.now(timezone.utc)
         kernel = km.get_kernel(a.kernel_id) if km.is_running(a.kernel_id) else None
         self._note_work(a, now, getattr(kernel, "last_activity", None) or now, bool(found))
+
+    def _known(self, kernel_id: str) -> dict[str, dict[str, Any]]:
+        """The kernel's verdicts that still hold: none once a client sent it something."""
+        messages = self.manager.client_messages[kernel_id]
+        if self._names_at.get(kernel_id) != messages:
+            self._names[kernel_id] = {}
+            self._names_at[kernel_id] = messages
+        return self._names.setdefault(kernel_id, {})
+
+    def _restart_main_window(self, kernel_id: str) -> None:
+        """Start the main thread's next window after a call the kernel answered: the call
+        woke it (the kernel said which tasks ran until then), and counting that would
+        have the next tick ask again, and so on for ever."""
+        sample = self._samples.get(kernel_id)
+        runs = work.thread_runs(sample.pid, sample.pid) if sample else None
+        if sample is not None and runs is not None:
+            sample.runs[sample.pid] = runs
 
     async def assess(self, kernel_ids: list[str] | None = None) -> list[Assessment]:
         """Assess the running kernels (or those of ``kernel_ids``, each measured and asked

@@ -114,10 +114,11 @@ class SuspendPolicy(Configurable):
         Enum(BACKGROUND_KINDS),
         list(BACKGROUND_KINDS),
         help="""What counts as work in a kernel no cell is running, and keeps it from being
-        suspended: "threads" (threads of the kernel that used busy_cpu_percent of a core
-        or moved busy_io_bytes_per_second over the last check window, whoever started
-        them), "tasks" (the user's pending asyncio tasks, while the kernel's main thread
-        is that busy), "children" (live child processes of the kernel: a suspend would
+        suspended: "threads" (threads running the user's code that woke during the last
+        check window, and any thread that used busy_cpu_percent of a core or moved
+        busy_io_bytes_per_second over it), "tasks" (the user's asyncio tasks that ran
+        during the window, or are pending while the kernel's main thread is that busy),
+        "children" (live child processes of the kernel: a suspend would
         kill them), "gpu" (the kernel's processes keep a GPU busy). The idle clock
         restarts when such work ends. [] suspends on execution idleness alone.""",
     ).tag(config=True)
@@ -139,7 +140,8 @@ class SuspendPolicy(Configurable):
     background_thread_ignore = List(
         Unicode(),
         help="""Name patterns (fnmatch, e.g. "prefetch-*") of threads that are helpers, not
-        work: matched against the thread's name and the function it runs.""",
+        work: matched against the thread's name and the function it runs. A user marks
+        such work in one kernel with `%ckpt idle-ok`.""",
     ).tag(config=True)
 
     gpu_busy_percent = Int(

@@ -3,18 +3,24 @@
 Who started a thread says nothing about whether it works: a training loop may run in a
 thread that IPython or anyio started, and a library's monitor thread may sleep for the
 kernel's whole life. So the server measures, over each check window (the time between two
-ticks of the monitor), what the kernel's process tree consumes:
+ticks of the monitor), what the kernel's process tree does:
 
 - each thread's CPU time and bytes read and written (psutil's per-thread times, and Linux's
   per-thread I/O counters): a thread above ``busy_cpu_percent`` or
-  ``busy_io_bytes_per_second`` works; one blocked or sleeping for the whole window does not;
-- the kernel's main thread runs the asyncio loop: its load is work only while the user's
-  asyncio tasks are pending there (otherwise it is the kernel answering messages);
+  ``busy_io_bytes_per_second`` is busy, whatever it runs;
+- whether each thread ran at all (Linux's count of the times it was scheduled, in
+  ``/proc/<pid>/task/<tid>/schedstat``): work that waits between its steps (a poll, a
+  paced loop, a socket or a queue read) costs almost no CPU but wakes. A thread that woke
+  is work when the user's code runs in it, which only the kernel can say; one blocked or
+  asleep for the whole window is idle, whoever started it;
+- the kernel's main thread runs the asyncio loop: it counts only for the user's asyncio
+  tasks (otherwise it is the kernel answering messages), busy while they are pending,
+  awake when the kernel says one of them ran;
 - a live child process always counts: suspending the kernel would kill it;
 - GPU utilization (NVML) of the whole tree.
 
-Only the kernel can say what a busy thread runs, so it is asked (a silent call of
-:func:`jupyter_ckpt.kernel.activity.describe`) to name the busy ones.
+The kernel is asked (a silent call of :func:`jupyter_ckpt.kernel.activity.describe`) to
+name the threads found busy or awake and to judge them.
 """
 
 from __future__ import annotations
@@ -47,21 +53,28 @@ NO_ANSWER = "the kernel did not answer the activity check"
 
 @dataclass
 class Sample:
-    """Cumulative CPU seconds and I/O bytes of each thread of one process, at ``at``."""
+    """Cumulative CPU seconds, I/O bytes and times scheduled of each thread of one
+    process, at ``at``."""
 
     pid: int
     at: float
     cpu: dict[int, float] = field(default_factory=dict)
     io: dict[int, int] = field(default_factory=dict)
+    runs: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
 class Load:
-    """What one thread consumed over a window: CPU (% of one core) and I/O (bytes/s)."""
+    """What one thread did over a window: CPU (% of one core) and I/O (bytes/s), whether
+    that is ``busy`` by the policy's thresholds, and how many times it woke (was
+    scheduled) over the last ``awake_window`` seconds."""
 
     tid: int
     cpu_percent: float
     io_rate: float
+    busy: bool = True
+    wakes: int = 0
+    awake_window: float = 0.0
 
     def __str__(self) -> str:
         parts = []
@@ -69,6 +82,9 @@ class Load:
             parts.append(f"{self.cpu_percent:.0f}% CPU")
         if self.io_rate >= 1024:
             parts.append(f"{_rate(self.io_rate)} I/O")
+        if not parts and self.wakes:
+            times = "once" if self.wakes == 1 else f"{self.wakes} times"
+            parts.append(f"woke {times} in the last {self.awake_window:.0f} s")
         return ", ".join(parts) or "active"
 
 
@@ -91,6 +107,16 @@ def _thread_io(pid: int, tid: int) -> int | None:
         return None
 
 
+def thread_runs(pid: int, tid: int) -> int | None:
+    """How many times the thread was scheduled so far (it grows each time the thread
+    wakes), from Linux's schedstat; None where there is none."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+            return int(f.read().split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def sample(pid: int) -> Sample | None:
     """The threads of ``pid`` now; None when the process is gone."""
     try:
@@ -103,28 +129,42 @@ def sample(pid: int) -> Sample | None:
         io = _thread_io(pid, thread.id)
         if io is not None:
             taken.io[thread.id] = io
+        runs = thread_runs(pid, thread.id)
+        if runs is not None:
+            taken.runs[thread.id] = runs
     return taken
 
 
-def busy_threads(before: Sample, after: Sample, policy: SuspendPolicy) -> list[Load]:
-    """The threads of ``after`` that worked since ``before``, by the policy's thresholds.
-    A thread born in the window brings all of its time."""
+def at_start(pid: int) -> Sample | None:
+    """``pid`` as it started, before any of its threads ran: where to look back from for
+    a kernel no window was measured of yet. None when the process is gone."""
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+    return Sample(pid, time.monotonic() - (time.time() - started))
+
+
+def active_threads(
+    before: Sample, after: Sample, policy: SuspendPolicy, since: Sample | None = None
+) -> list[Load]:
+    """The threads of ``after`` that were busy since ``before`` (by the policy's
+    thresholds) or woke since ``since`` (default: ``before``; an earlier sample looks
+    further back for work that waits between its steps). A thread born in the window
+    brings all of its time."""
     window = after.at - before.at
     if window <= 0 or before.pid != after.pid:
         return []
-    busy = []
+    since = since if since is not None and since.pid == after.pid else before
+    active = []
     for tid, cpu in after.cpu.items():
-        load = Load(
-            tid,
-            100 * (cpu - before.cpu.get(tid, 0.0)) / window,
-            (after.io.get(tid, 0) - before.io.get(tid, 0)) / window,
-        )
-        if (
-            load.cpu_percent >= policy.busy_cpu_percent
-            or load.io_rate >= policy.busy_io_bytes_per_second
-        ):
-            busy.append(load)
-    return busy
+        cpu_percent = 100 * (cpu - before.cpu.get(tid, 0.0)) / window
+        io_rate = (after.io.get(tid, 0) - before.io.get(tid, 0)) / window
+        busy = cpu_percent >= policy.busy_cpu_percent or io_rate >= policy.busy_io_bytes_per_second
+        wakes = after.runs.get(tid, 0) - since.runs.get(tid, 0)
+        if busy or wakes > 0:
+            active.append(Load(tid, cpu_percent, io_rate, busy, wakes, after.at - since.at))
+    return active
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
@@ -210,34 +250,45 @@ def gpu_busy(usage: GpuUsage, threshold: int) -> list[str]:
     ]
 
 
-# what :func:`names` keeps for a thread Python does not know (native code)
-NATIVE = ""
+# the verdict :func:`verdicts` gives a thread Python does not know (native code: BLAS,
+# OpenMP, a C extension's workers): work when busy, never for waking alone
+NATIVE: dict[str, Any] = {"name": "", "user": False, "fixed": True}
 
 
-def names(tids: list[int], answer: dict[str, Any]) -> dict[str, str | None]:
-    """What each thread of ``tids`` runs, from the kernel's ``answer`` (see
-    :func:`jupyter_ckpt.kernel.activity.describe`): words, None when it is not work (a
-    helper the policy ignores, the kernel's own machinery), ``NATIVE`` for a thread
-    Python does not know (BLAS, OpenMP, a C extension's workers)."""
-    known: dict[str, str | None] = answer.get("threads", {})
+def verdicts(tids: list[int], answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The kernel's verdict on each thread of ``tids``, from its ``answer`` (see
+    :func:`jupyter_ckpt.kernel.activity.verdict`), ``NATIVE`` for a thread Python does not
+    know."""
+    known: dict[str, dict[str, Any]] = answer.get("threads", {})
     return {str(tid): known.get(str(tid), NATIVE) for tid in tids}
 
 
 def named(
-    loads: list[Load], known: dict[str, str | None], tasks: list[str], kernel_pid: int
+    loads: list[Load],
+    known: dict[str, dict[str, Any]],
+    tasks: list[str],
+    woken_tasks: list[str],
+    kernel_pid: int,
 ) -> list[str]:
-    """The busy threads and working tasks in words: each busy Python thread by what it
-    runs (see :func:`names`; one the kernel was not asked about by its id), native
-    threads together; the main thread's load is the pending ``tasks``'."""
+    """The working threads and tasks in words. A thread works when it was busy and the
+    kernel names it (not the kernel's own machinery, nor a helper it was told to ignore),
+    or when it woke and runs the user's code (see :func:`verdicts`); one the kernel was
+    not asked about counts when busy, by its id; native threads together. The main
+    thread's load is the user's tasks': the pending ``tasks`` when it was busy, else the
+    ``woken_tasks``."""
     reasons, native = [], []
     for load in loads:
-        name = known.get(str(load.tid), f"a thread (id {load.tid}) is running")
+        judged = known.get(str(load.tid))
         if load.tid == kernel_pid:
-            reasons += [f"{task} ({load})" for task in tasks]
-        elif name == NATIVE:
-            native.append(load)
-        elif name is not None:
-            reasons.append(f"{name} ({load})")
+            reasons += [f"{task} ({load})" for task in (tasks if load.busy else woken_tasks)]
+        elif judged is None:
+            if load.busy:
+                reasons.append(f"a thread (id {load.tid}) is running ({load})")
+        elif judged["name"] == NATIVE["name"]:
+            if load.busy:
+                native.append(load)
+        elif judged["name"] is not None and (load.busy or judged["user"]):
+            reasons.append(f"{judged['name']} ({load})")
     if native:
         busiest = max(native, key=lambda load: (load.cpu_percent, load.io_rate))
         count = f"{len(native)} threads are" if len(native) > 1 else "a thread is"
@@ -246,13 +297,19 @@ def named(
 
 
 async def ask_kernel(
-    manager: CkptManager, kernel_id: str, policy: SuspendPolicy, tids: list[int]
+    manager: CkptManager,
+    kernel_id: str,
+    policy: SuspendPolicy,
+    tids: list[int],
+    since: float | None = None,
 ) -> dict[str, Any] | str:
-    """What the kernel says its threads ``tids`` run and which user tasks are pending; a
-    reason (as a string) when it cannot say. A kernel that does not answer within
-    ``activity_timeout`` counts as busy, never as idle."""
+    """What the kernel says of its threads ``tids`` and the user's tasks (which of them
+    ran in the last ``since`` seconds, default since the last ask); a reason (as a string)
+    when it cannot say. A kernel that does not answer within ``activity_timeout`` counts
+    as busy, never as idle."""
     timeout = min(policy.activity_timeout, policy.check_interval)
-    call = f"describe({sorted(tids)!r}, {list(policy.background_thread_ignore)!r})"
+    ignore = list(policy.background_thread_ignore)
+    call = f"describe({sorted(tids)!r}, {ignore!r}, {since!r})"
     try:
         return await quiet_call(manager, kernel_id, call, timeout)
     except asyncio.TimeoutError:

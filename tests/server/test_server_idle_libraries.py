@@ -1,6 +1,7 @@
 """Idle, measured, against the libraries notebooks use: a kernel training in a thread, a
 task or a child is never suspended, whoever started the thread; a kernel at rest with the
-threads tqdm, logging, thread pools, matplotlib or widgets leave behind is suspended.
+threads tqdm, logging, thread pools, matplotlib or widgets leave behind, a thread parked
+for ever, or a loop the user marked idle-ok, is suspended.
 
 Each case runs in a real kernel of a real server, with the default thresholds; the cases
 share a kernel one after the other (each stops its work before the next starts), so that
@@ -211,11 +212,17 @@ IDLE = [
         "assert [idle_pool.submit(int, '1').result() for _ in range(4)] == [1] * 4\n",
     ),
     Case(
-        "a metrics writer that flushes now and then",
+        "a metrics writer marked idle-ok",
         "def _flush_now_and_then():\n"
         "    while True:\n"
-        "        time.sleep(5)\n"
-        "threading.Thread(target=_flush_now_and_then, daemon=True).start()\n",
+        "        time.sleep(0.5)\n"
+        "threading.Thread(target=_flush_now_and_then, daemon=True).start()\n"
+        "%load_ext jupyter_ckpt\n"
+        "%ckpt idle-ok _flush_now_and_then\n",
+    ),
+    Case(
+        "a thread parked on Event.wait() for ever",
+        "parked = threading.Event()\nthreading.Thread(target=parked.wait, daemon=True).start()\n",
     ),
     Case(
         "matplotlib figures left open (Agg)",
