@@ -118,6 +118,27 @@ def _record_stale(lc: KernelLifecycle) -> bool:
     )
 
 
+async def _to_the_end(work: Callable[[], None]) -> bool:
+    """Run a store write on a thread to its end, whatever happens to the task that asked
+    for it; whether that task was cancelled meanwhile (it must then stop, once it has
+    taken the write's outcome into account).
+
+    A thread cannot be stopped: a write whose awaiting task were cancelled would still
+    land, later, after whatever followed the cancel (a shutdown's removal of the record, a
+    suspend's record), and undo it. So the cancel waits for the write instead."""
+    job = asyncio.ensure_future(asyncio.to_thread(work))
+    cancelled = False
+    while not job.done():
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            cancelled = cancelled or not job.done()
+        except Exception:
+            break  # the write failed: the caller reads it from the job
+    job.result()
+    return cancelled
+
+
 async def _until(condition: Callable[[], bool], timeout: float) -> None:
     """Wait for ``condition``, which no event announces (the server's own view of a
     kernel); asyncio.TimeoutError after ``timeout``."""
@@ -346,25 +367,31 @@ class Lifecycles:
     # -- records: the only writes ------------------------------------------------------------
 
     async def _put(self, lc: KernelLifecycle, record: dict[str, Any]) -> None:
-        """Replace the kernel's record; the in-memory copy follows only a committed put."""
-        await asyncio.to_thread(self.records.put, record)
+        """Replace the kernel's record; the in-memory copy follows only a committed put.
+        A caller cancelled meanwhile is cancelled once the put has landed (or failed):
+        a cancelled write never lands later (see :func:`_to_the_end`)."""
+        cancelled = await _to_the_end(lambda: self.records.put(record))
         lc.record = record
         if record.get("trigger") != "checkpoint":
             lc.before_checkpoint = None
         self._schedule_refresh(lc)  # cells that ran while it was written
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _drop(self, lc: KernelLifecycle) -> None:
         """Remove the kernel's record: only for a state its user gave up."""
         if lc.record is None:
             return
         try:
-            await asyncio.to_thread(self.records.delete, lc.kernel_id)
+            cancelled = await _to_the_end(lambda: self.records.delete(lc.kernel_id))
         except FileNotFoundError:
-            pass
+            cancelled = False
         except (CkptError, OSError) as exc:
             self.log.warning("Could not remove the record of kernel %s: %s", lc.kernel_id, exc)
             return
         lc.record = None
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _base_record(self, lc: KernelLifecycle, image_id: str) -> dict[str, Any]:
         kernel = self.km.get_kernel(lc.kernel_id)
@@ -863,7 +890,9 @@ class Lifecycles:
             finally:
                 if lc.state is S.AUTOSAVING:
                     lc.move("autosaved")
-                if written is not None:  # written but not recorded: not offered for restore
+                # written but not recorded: not offered for restore (a put that landed
+                # as the autosave was cancelled recorded it: it is kept)
+                if written is not None and (lc.record or {}).get("image_id") != written:
                     await asyncio.to_thread(self.forget_image, written)
         self.saver.report(kernel_id, summary, started)
 
@@ -1010,7 +1039,7 @@ class Lifecycles:
         """Undo an aborted suspend's record: the record it replaced, or none."""
         try:
             if previous is None:
-                await asyncio.to_thread(self.records.delete, lc.kernel_id)
+                await _to_the_end(lambda: self.records.delete(lc.kernel_id))
                 lc.record = None
             else:
                 await self._put(lc, previous)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import queue
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from server_helpers import (
 from test_server_crash import AUTOSAVE
 from tornado.httpclient import HTTPClientError
 
-from jupyter_ckpt.errors import CkptError
+from jupyter_ckpt.errors import CkptError, ImageNotFound
 from jupyter_ckpt.store import ImageStore
 
 
@@ -645,3 +646,51 @@ async def test_a_kernel_slow_to_start_is_waited_for(jp_fetch, connect, tmp_path,
     _, kernel_id = await start_session(jp_fetch, "slow.ipynb")
     assert await value_in(connect, kernel_id, "1 + 1") == "2"
     assert starts.read_text().splitlines() == ["started"]
+
+
+# -- 13. a record put under way when the autosave that wrote it is cancelled ------------------
+
+
+def slow_record_puts(monkeypatch: Any, manager: CkptManager, seconds: float) -> list[Any]:
+    """Record writes to the server's store take ``seconds`` (an object store's latency);
+    the list gets ``"begun"`` and then ``"landed"`` (or ``"failed"``) per write."""
+    backend = manager.store.backend
+    write = backend.write_atomic
+    writes: list[Any] = []
+
+    def slow(path: str, data: Any) -> None:
+        if not path.startswith("kernels/"):
+            return write(path, data)
+        writes.append("begun")
+        time.sleep(seconds)
+        try:
+            write(path, data)
+        except BaseException:
+            writes.append("failed")
+            raise
+        writes.append("landed")
+
+    monkeypatch.setattr(backend, "write_atomic", slow)
+    return writes
+
+
+async def test_a_shutdown_during_an_autosaves_record_put_leaves_no_record(
+    jp_fetch, connect, manager, monkeypatch
+):
+    """The user shuts a kernel down while its autosave's record is being put: once the
+    shutdown answered, the put has landed or failed, and the shutdown removed what it
+    wrote. A put that landed afterwards would make a new server list the shut-down
+    kernel as crashed, and fail its restore (its image was removed)."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    client.close()
+    writes = slow_record_puts(monkeypatch, manager, 2)
+    assert manager.lifecycles.start_autosave(kernel_id) is not None
+    await poll(lambda: writes, timeout=60, what="the autosave's record put to begin")
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    answered_while = writes[-1]
+    await poll(lambda: writes[-1] != "begun", timeout=30, what="the record put to end")
+    assert answered_while != "begun", "the shutdown answered while the record put was under way"
+    with pytest.raises(ImageNotFound):
+        fresh_store(manager).records.get(kernel_id)
