@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import pytest
 from harness import tmpfs
+from jupyter_ckpt_server.lifecycle import State
 from jupyter_ckpt_server.manager import CkptManager
 from jupyter_client.asynchronous import AsyncKernelClient
 from server_helpers import (
@@ -38,6 +39,7 @@ from server_helpers import (
 )
 from test_server_crash import AUTOSAVE
 from tornado.httpclient import HTTPClientError
+from tornado.websocket import WebSocketClosedError
 
 from jupyter_ckpt.errors import CkptError, ImageNotFound
 from jupyter_ckpt.store import ImageStore
@@ -694,3 +696,74 @@ async def test_a_shutdown_during_an_autosaves_record_put_leaves_no_record(
     assert answered_while != "begun", "the shutdown answered while the record put was under way"
     with pytest.raises(ImageNotFound):
         fresh_store(manager).records.get(kernel_id)
+
+
+# -- 14. a socket opened while a suspend commits ----------------------------------------------
+
+
+async def test_a_cell_on_a_socket_opened_during_a_suspend_is_answered(jp_fetch, connect, manager):
+    """A websocket opened while a suspend is under way, whose cell comes once the suspend
+    has committed (the process is being stopped), gets the cell's reply, from the
+    restored kernel: the socket was never attached to the process being stopped, which
+    would have run the cell and died under it."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    client.close()
+    late: list[Any] = []
+
+    async def open_socket() -> None:
+        late.append(await connect(kernel_id))
+
+    at_step(manager, "recorded", open_socket)
+    suspend = ("api", "ckpt", "kernels", kernel_id, "suspend")
+    answer = asyncio.ensure_future(status_of(jp_fetch(*suspend, method="POST", body="")))
+    lifecycles = manager.lifecycles
+    await poll(
+        lambda: lifecycles.state(kernel_id) is State.SUSPENDED or answer.done(),
+        timeout=60,
+        what="the suspend to commit",
+    )
+    try:
+        msg_id = late[0].send("execute_request", {"code": "x + 1", "silent": False})
+        reply = await late[0].reply_to(msg_id, timeout=60)
+    except (WebSocketClosedError, ConnectionError, asyncio.TimeoutError) as exc:
+        pytest.fail(f"the suspend answered {await answer}; the cell got no reply: {exc!r}")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert (await answer)[0] == 200
+
+
+async def test_a_cell_sent_as_a_suspend_closes_its_socket_is_answered_on_reconnect(
+    jp_fetch, connect, manager
+):
+    """A cell a client sends once the suspend has committed, before it has seen the
+    server close its socket (the server's own calls left it messages to read first), runs
+    in the restored kernel, and its reply reaches the client's reconnect with its session:
+    the process the socket was attached to is being stopped, and would die under it."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    suspend = ("api", "ckpt", "kernels", kernel_id, "suspend")
+    answer = asyncio.ensure_future(status_of(jp_fetch(*suspend, method="POST", body="")))
+    await poll(
+        lambda: manager.lifecycles.state(kernel_id) is State.SUSPENDED or answer.done(),
+        timeout=60,
+        what="the suspend to commit",
+    )
+    assert not answer.done(), f"the suspend answered {answer.result()} before it stopped the kernel"
+    msg_id = client.send("execute_request", {"code": _SLOW_CELL, "silent": False})
+    with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
+        while True:  # what the old socket brings, to its close
+            await client.receive(timeout=30)
+    replies = [m for m in client.received if m["parent_header"].get("msg_id") == msg_id]
+    if not any(m["channel"] == "shell" for m in replies):
+        again = await connect(kernel_id, session_id=client.session.session)
+        try:
+            await again.reply_to(msg_id, timeout=60)
+        except asyncio.TimeoutError:
+            pytest.fail(f"the suspend answered {await answer}; the cell got no reply")
+    assert (await answer)[0] == 200
+
+
+# a cell still running when a process that got it is told to stop
+_SLOW_CELL = "import time\ntime.sleep(1)\nx + 1"
