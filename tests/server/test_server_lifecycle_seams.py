@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import queue
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from server_helpers import (
     at_step,
     get_json,
     poll,
+    python_kernelspec,
     start_session,
     stored_record,
     text_of,
@@ -591,10 +593,18 @@ async def test_a_suspend_waits_out_the_servers_own_call_but_not_a_cells(jp_fetch
 
 # What the first process of a kernel does, once, before it says anything: find a port the
 # server chose for it already taken (as another process may take it between the server's
-# choice and the kernel's bind: ipykernel exits), or hang before it binds its ports (as
-# ipykernel was seen to do after that same error on a loaded machine).
+# choice and the kernel's bind: ipykernel exits), or find one held by another process
+# and hang (as ipykernel was seen to do after that same error on a loaded machine). The
+# holder outlives a shell that exits at once: it is no process of the kernel's.
 FIRST_PROCESS_FAULTS = {
-    "hangs": "__import__('time').sleep(3600)",
+    "port-held": (
+        "import json, subprocess, sys, time\n"
+        "    info = json.load(open(sys.argv[sys.argv.index('-f') + 1]))\n"
+        "    hold = ('import socket, time; s = socket.socket(); s.bind((%r, %d)); '\n"
+        "            's.listen(); time.sleep(120)') % (info['ip'], info['stdin_port'])\n"
+        "    subprocess.run(['sh', '-c', '\"$0\" -S -c \"$1\" &', sys.executable, hold])\n"
+        "    time.sleep(3600)"
+    ),
     "port-taken": (
         "import json, socket, sys\n"
         "    info = json.load(open(sys.argv[sys.argv.index('-f') + 1]))\n"
@@ -605,14 +615,15 @@ FIRST_PROCESS_FAULTS = {
 
 
 @pytest.mark.parametrize(
-    ("start", "fault"), [("restore", "port-taken"), ("restore", "hangs"), ("fresh", "hangs")]
+    ("start", "fault"),
+    [("restore", "port-taken"), ("restore", "port-held"), ("fresh", "port-held")],
 )
 async def test_a_kernel_process_that_cannot_answer_is_started_again(
     jp_fetch, connect, tmp_path, monkeypatch, start, fault
 ):
-    """A kernel's first process, started fresh or for a restore, exits or hangs before
-    it says anything: another process is started on new ports, and the
-    kernel comes up (restored) in it, well before the join timeout."""
+    """A kernel's first process, started fresh or for a restore, exits, or hangs with one
+    of its ports held by another process, before it says anything: another process is
+    started on new ports, and the kernel comes up (restored) in it."""
     if start == "restore":
         _, kernel_id = await suspended_kernel(jp_fetch, connect)
     site = tmp_path / "fails-once"
@@ -635,8 +646,9 @@ async def test_a_kernel_process_that_cannot_answer_is_started_again(
 
 
 async def test_a_kernel_slow_to_start_is_waited_for(jp_fetch, connect, tmp_path, monkeypatch):
-    """A kernel whose startup files take long listens on its ports meanwhile: the server
-    waits for it rather than starting it again."""
+    """A kernel whose startup files take longer than the server waits for its first
+    message listens on its ports meanwhile: the server hands it out, never starts it
+    again (which would run the startup files again, and kill them midway)."""
     startup = tmp_path / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     starts = tmp_path / "starts"
@@ -645,7 +657,29 @@ async def test_a_kernel_slow_to_start_is_waited_for(jp_fetch, connect, tmp_path,
     )
     monkeypatch.setenv("IPYTHONDIR", str(startup.parent.parent))
     monkeypatch.setattr("jupyter_ckpt_server.lifecycle.SILENT_AFTER", 0.5)
+    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.JOIN_TIMEOUT", 2.0)
     _, kernel_id = await start_session(jp_fetch, "slow.ipynb")
+    assert await value_in(connect, kernel_id, "1 + 1") == "2"
+    assert starts.read_text().splitlines() == ["started"]
+
+
+async def test_a_kernel_whose_launcher_is_slow_is_waited_for(
+    jp_fetch, connect, jp_data_dir, tmp_path, monkeypatch
+):
+    """A kernelspec whose launcher takes a while before it starts ipykernel (a shell that
+    prepares an environment): the process listens on nothing meanwhile, which is no
+    evidence that it cannot answer; it is started once."""
+    starts = tmp_path / "starts"
+    launcher = (
+        f'echo started >> {starts}; sleep 3; exec "{sys.executable}" -m ipykernel_launcher -f "$0"'
+    )
+    python_kernelspec(
+        jp_data_dir, "slow-launcher", "Slow launcher", ["sh", "-c", launcher, "{connection_file}"]
+    )
+    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.SILENT_AFTER", 0.5)
+    body = {"path": "slow.ipynb", "type": "notebook", "kernel": {"name": "slow-launcher"}}
+    response = await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    kernel_id = json.loads(response.body)["kernel"]["id"]
     assert await value_in(connect, kernel_id, "1 + 1") == "2"
     assert starts.read_text().splitlines() == ["started"]
 
