@@ -316,10 +316,31 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
             self.manager.lifecycles.delivered(self.kernel_id)
         except Exception as exc:
             self.log.error("Restore of kernel %s failed: %s", self.kernel_id, exc)
-            self._write_error(f"jupyter-ckpt: the kernel could not be started again: {exc}")
-            handler.close()
+            if self.kernel_id not in self.manager.kernel_manager:  # shut down meanwhile
+                self._write_error(f"jupyter-ckpt: the kernel could not be started again: {exc}")
+                handler.close()
+            else:  # it stays suspended: the cells say why, and the next one tries again
+                self._answer_failed(f"the kernel could not be started again: {exc}")
         finally:
             self._connected_to_kernel()
+
+    def _answer_failed(self, why: str) -> None:
+        """Answer the queued requests as a kernel whose cell failed would: an error
+        reply to each (and the error as the cell's output), so that no cell waits."""
+        queued, self._queue = self._queue, []
+        self._upgrade = None
+        error = {"ename": "RestoreFailed", "evalue": why, "traceback": [f"jupyter-ckpt: {why}"]}
+        for message in queued:
+            channel, header = parse_ws_message(message, self._protocol)
+            msg_type = header.get("msg_type", "")
+            if not msg_type.endswith("_request"):
+                continue
+            busy = self.session.msg("status", {"execution_state": "busy"}, parent=header)
+            self._send("iopub", busy)
+            if msg_type == "execute_request":
+                self._send("iopub", self.session.msg("error", error, parent=header))
+            reply = {"status": "error", **error}
+            self._reply(channel, header, msg_type.replace("_request", "_reply"), reply)
 
     async def _hand_over(self, report: dict[str, Any]) -> None:
         handler = cast(KernelWebsocketHandler, self.websocket_handler)

@@ -801,3 +801,43 @@ async def test_a_cell_sent_as_a_suspend_closes_its_socket_is_answered_on_reconne
 
 # a cell still running when a process that got it is told to stop
 _SLOW_CELL = "import time\ntime.sleep(1)\nx + 1"
+
+
+# -- 15. a restore whose kernel cannot start --------------------------------------------------
+
+
+async def test_a_cell_whose_kernel_cannot_start_gets_an_error_reply(
+    jp_fetch, connect, jp_data_dir, manager
+):
+    """The kernel a cell wakes cannot start (its kernel spec is gone, and no process
+    stands by for it): the cell gets an error reply that says why, the socket stays
+    open, and the kernel stays suspended with its image, restored by the next cell once
+    it can start."""
+    manager.standby_kernel = False
+    spec = python_kernelspec(
+        jp_data_dir,
+        "goes-away",
+        "Goes away",
+        [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    )
+    body = {"path": "away.ipynb", "type": "notebook", "kernel": {"name": spec}}
+    response = await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    kernel_id = json.loads(response.body)["kernel"]["id"]
+    assert await value_in(connect, kernel_id, "x = 41; x") == "41"
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    spec_dir = jp_data_dir / "kernels" / spec
+    kept = spec_dir.with_name("kept")
+    spec_dir.rename(kept)
+    client = await connect(kernel_id)
+    msg_id = client.send("execute_request", {"code": "x + 1", "silent": False})
+    try:
+        reply = await client.reply_to(msg_id, timeout=60)
+    except (ConnectionError, asyncio.TimeoutError) as exc:
+        pytest.fail(f"the cell got no reply: {exc!r}")
+    content = reply["content"]
+    assert (content["status"], spec in content["evalue"]) == ("error", True), content
+    model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+    assert model["ckpt"]["state"] == "suspended", model
+    kept.rename(spec_dir)
+    _, outputs = await client.execute("x + 1")
+    assert text_of(outputs).splitlines()[-1] == "42"
