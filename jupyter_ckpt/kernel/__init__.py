@@ -99,7 +99,7 @@ class KernelSession:
                 newest=newest,
             )
         except Exception as exc:
-            return {"error": _describe(exc)}
+            return failure(exc)
         self.last_image = manifest["id"]
         self.unsaveable = unsaveable_ids(manifest, self.shell.user_ns)
         self.last_bytes = host_bytes(manifest)
@@ -189,6 +189,12 @@ class KernelSession:
             "load it from another image or make it again",
             file=sys.stderr,
         )
+
+
+def failure(exc: BaseException) -> dict[str, str]:
+    """What a failed save answers the server: why, and the error's type (the server
+    tells a store's failure from the kernel's by it)."""
+    return {"error": _describe(exc), "error_type": type(exc).__name__}
 
 
 def _describe(exc: BaseException) -> str:

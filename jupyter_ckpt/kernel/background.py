@@ -278,7 +278,7 @@ def _name_process(name: str) -> None:
 
 
 def _save(session: Any, name: str) -> dict[str, Any]:
-    from . import _describe, newest_manifest, summarize_save, unsaveable_ids
+    from . import failure, newest_manifest, summarize_save, unsaveable_ids
 
     started = time.perf_counter()
     try:
@@ -298,7 +298,7 @@ def _save(session: Any, name: str) -> dict[str, Any]:
             newest=newest,
         )
     except Exception as exc:
-        return {"error": _describe(exc)}
+        return failure(exc)
     summary = summarize_save(manifest, time.perf_counter() - started)
     return {**summary, "unsaveable_ids": unsaveable_ids(manifest, session.shell.user_ns)}
 

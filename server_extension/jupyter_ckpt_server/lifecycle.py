@@ -87,7 +87,7 @@ from jupyter_client.session import Session
 from jupyter_core.utils import ensure_async
 
 from jupyter_ckpt import compat
-from jupyter_ckpt.errors import CkptError, IncompatibleImage, StoreUnavailable
+from jupyter_ckpt.errors import CkptError, IncompatibleImage, StoreError, StoreUnavailable
 from jupyter_ckpt.kernel import summarize_save
 from jupyter_ckpt.store import ImageStore
 
@@ -97,7 +97,7 @@ from .policy import SuspendPolicy
 from .progress import ProgressWatch
 from .readahead import readahead
 from .recovery import recovered_field, recovery_message, server_identity, writer_alive
-from .rpc import Aborted, KernelRPC, NothingToSave, SuspendFailed
+from .rpc import Aborted, KernelRPC, NothingToSave, StoreFailed, SuspendFailed
 from .standby import Standby
 from .timeline import Timeline
 
@@ -165,9 +165,9 @@ async def _to_the_end(work: Callable[[], None]) -> bool:
 
 
 def _store_unreachable(exc: SuspendFailed) -> bool:
-    """Whether a kernel call failed because the store could not be reached (the kernel
-    names its error's type first, see :meth:`.rpc.KernelRPC.call`): worth another try."""
-    return str(exc).partition(":")[0] == StoreUnavailable.__name__
+    """Whether a kernel call failed because the store could not be reached: worth
+    another try."""
+    return isinstance(exc, StoreFailed) and exc.kind == StoreUnavailable.__name__
 
 
 async def _until(condition: Callable[[], bool], timeout: float) -> None:
@@ -916,6 +916,9 @@ class Lifecycles:
         when it fails."""
         try:
             await asyncio.to_thread(self.store.verify, image_id)
+        except StoreError as exc:  # the store failed, not the image: it is kept
+            why = f"the image could not be verified: {exc}"
+            raise StoreFailed(why, type(exc).__name__) from exc
         except CkptError as exc:
             if not written:
                 msg = f"the kernel's newest image failed verification: {exc}"

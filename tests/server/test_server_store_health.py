@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import BUCKET, CREDENTIALS, S3_TIMEOUTS, Outage, s3_store, save_namespace
+from harness import BUCKET, CREDENTIALS, S3_TIMEOUTS, Outage, S3Paths, s3_store, save_namespace
 from server_helpers import ServerProcess, poll
 from tornado.httpclient import HTTPClientError
 
@@ -110,6 +110,31 @@ async def test_s3_down_at_start_then_back(outage: Outage, tmp_path: Path) -> Non
             await poll(suspended, timeout=120, what="the idle kernel to be suspended")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; its status: {last}") from None
+    finally:
+        outage.start()
+        server.kill()
+
+
+async def test_a_suspend_or_checkpoint_during_an_outage_answers_503(
+    outage: Outage, tmp_path: Path
+) -> None:
+    """The store goes down under a running kernel: a suspend and a checkpoint answer 503
+    with the store's one line, and the kernel runs on with its variables."""
+    server = ServerProcess(tmp_path, {}, S3Paths(tmp_path, outage.url, S3_TIMEOUTS).env())
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "kernels", {"name": "python3"}))["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        outage.stop()
+        for action in ("suspend", "checkpoint"):
+            try:
+                await server.fetch("POST", f"ckpt/kernels/{kernel_id}/{action}", {})
+                raise AssertionError(f"a {action} with the store down succeeded")
+            except HTTPClientError as exc:
+                message = json.loads(exc.response.body)["message"]
+                assert (exc.code, "cannot reach the store" in message) == (503, True), message
+        outage.start()
+        assert (await server.run_cell(kernel_id, "print(x + 1)")).strip() == "42"
     finally:
         outage.start()
         server.kill()
