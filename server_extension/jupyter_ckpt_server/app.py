@@ -128,7 +128,7 @@ class CkptExtensionApp(ExtensionApp):
         # a restore checks compatibility first: its slow part is done now, off its path
         self._prepared = asyncio.ensure_future(asyncio.to_thread(compat.prepare))
         health = self.store_health = StoreHealth(self.manager.store.backend.url, self.log)
-        self.service.store_health = health
+        self.service.store_health = self.manager.events.store_health = health
         try:
             # A store that is down must not stop the rest: the records come when it is back.
             if not await health.attempt(self.manager.load_records, "loading kernel records"):

@@ -9,6 +9,7 @@ until it succeeds. The log gets one line per change of health, not one per attem
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
@@ -40,6 +41,7 @@ class StoreHealth:
         self.error: str | None = None
         self.since = _now()
         self._task: asyncio.Task[None] | None = None
+        self._back = asyncio.Event()  # another operation saw the store answer
 
     def to_json(self) -> dict[str, Any]:
         return {"url": self.url, "ok": self.ok, "error": self.error, "since": self.since}
@@ -61,6 +63,16 @@ class StoreHealth:
                 message,
             )
 
+    def saw(self, error: BaseException | None, what: str) -> None:
+        """The outcome of an operation the server did on the store anyway (a save): a
+        failure makes the store not ok (a store that refuses writes while it reads is
+        not); a success, while an operation is being retried, has that one tried at once
+        (its success says the store is back), else says the store answers."""
+        if error is None and self._task is not None and not self._task.done():
+            self._back.set()
+            return
+        self.record(error, what)
+
     async def attempt(self, operation: Callable[[], Awaitable[None]], what: str) -> bool:
         """Run ``operation`` once; True if it succeeded."""
         try:
@@ -80,7 +92,9 @@ class StoreHealth:
     async def _retry(self, operation: Callable[[], Awaitable[None]], what: str) -> None:
         delay = self.first_delay
         while True:
-            await asyncio.sleep(delay)
+            self._back.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._back.wait(), delay)
             if await self.attempt(operation, what):
                 return
             delay = min(delay * 2, self.max_delay)

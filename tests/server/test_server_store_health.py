@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import BUCKET, CREDENTIALS, S3_TIMEOUTS, Outage, S3Paths, s3_store, save_namespace
+from harness import (
+    BUCKET,
+    CREDENTIALS,
+    S3_TIMEOUTS,
+    Outage,
+    S3Paths,
+    read_only,
+    s3_store,
+    save_namespace,
+)
 from server_helpers import ServerProcess, poll
 from tornado.httpclient import HTTPClientError
 
@@ -137,4 +146,27 @@ async def test_a_suspend_or_checkpoint_during_an_outage_answers_503(
         assert (await server.run_cell(kernel_id, "print(x + 1)")).strip() == "42"
     finally:
         outage.start()
+        server.kill()
+
+
+async def test_a_store_that_turns_read_only_is_not_reported_ok(tmp_path: Path) -> None:
+    """Every save fails on a store that turned read-only while it still reads: the status
+    says the store is not ok, and why, until a save succeeds again."""
+    server = ServerProcess(tmp_path)
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "kernels", {"name": "python3"}))["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        checkpoint = f"ckpt/kernels/{kernel_id}/checkpoint"
+        with read_only(tmp_path / "store"):
+            try:
+                await server.fetch("POST", checkpoint, {})
+                raise AssertionError("a checkpoint on a read-only store succeeded")
+            except HTTPClientError as exc:
+                assert exc.code == 503, exc
+            store = (await server.get("ckpt/status"))["store"]
+            assert (store["ok"], "read-only" in (store["error"] or "")) == (False, True), store
+        await server.fetch("POST", checkpoint, {})
+        assert (await server.get("ckpt/status"))["store"]["ok"] is True
+    finally:
         server.kill()
