@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deadlines import scaled
 from jupyter_client.manager import KernelManager, start_new_kernel
 
 from jupyter_ckpt import image
@@ -262,7 +263,7 @@ class Kernel:
             elif kind == "error":
                 error.append(_ANSI.sub("", "\n".join(content["traceback"])))
 
-        reply = self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
+        reply = self.client.execute_interactive(code, output_hook=hook, timeout=scaled(timeout))
         self.last_execution_count = reply["content"].get("execution_count")
         if reply["content"]["status"] != "ok":
             raise KernelError(f"cell failed:\n{code}\n--- traceback ---\n" + "\n".join(error))
@@ -549,8 +550,9 @@ def read_only(directory: Path) -> Iterator[Path]:
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds
+    (on an idle machine: see :mod:`deadlines`)."""
+    deadline = time.monotonic() + scaled(timeout)
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)

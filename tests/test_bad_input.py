@@ -25,4 +25,4 @@ def test_a_mistyped_secret_file_in_a_config_creates_nothing(tmp_path: Path) -> N
 def test_an_unclosed_quote_in_a_magic_is_one_line(tmp_path: Path, kernels) -> None:
     kernel = kernels(Paths(tmp_path))
     shown = kernel.ckpt("restore 'unclosed")
-    assert shown.strip() == "%ckpt: cannot read \"restore 'unclosed\": no closing quotation"
+    assert shown.strip() == '%ckpt: cannot read "restore \'unclosed": no closing quotation'
