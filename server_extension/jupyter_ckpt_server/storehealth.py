@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -89,15 +89,21 @@ class StoreHealth:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._retry(operation, what))
 
-    async def _retry(self, operation: Callable[[], Awaitable[None]], what: str) -> None:
+    def delays(self) -> Iterator[float]:
+        """The waits before each retry: ``first_delay``, doubled after each failure, up to
+        ``max_delay`` (after a long outage the store's return is seen within it)."""
         delay = self.first_delay
         while True:
+            yield delay
+            delay = min(delay * 2, self.max_delay)
+
+    async def _retry(self, operation: Callable[[], Awaitable[None]], what: str) -> None:
+        for delay in self.delays():
             self._back.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._back.wait(), delay)
             if await self.attempt(operation, what):
                 return
-            delay = min(delay * 2, self.max_delay)
 
     async def stop(self) -> None:
         """Stop retrying (the server is stopping)."""

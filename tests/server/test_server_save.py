@@ -159,3 +159,25 @@ async def test_a_store_gone_during_the_verify_answers_503(jp_fetch, connect, man
     root.unlink()
     away.rename(root)
     assert len(manager.store.image_ids()) == 1
+
+
+async def test_the_servers_save_reports_a_variable_that_would_not_load(jp_fetch, connect):
+    """Save Now (as a suspend and the save at a stop) loads what it wrote back first: a
+    variable that pickles but would not load is reported not saved, not saved."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    reply, _ = await client.execute(
+        "class Fragile:\n"
+        "    def __setstate__(self, state):\n"
+        "        raise RuntimeError('refusing to come back')\n"
+        "fragile = Fragile()\n"
+        "fragile.v = 1\n"
+        "kept = 2"
+    )
+    assert reply["status"] == "ok", reply
+    response = await jp_fetch(
+        "api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body=""
+    )
+    summary = json.loads(response.body)
+    assert "kept" in summary["saved"], summary
+    assert "would not load" in summary["lost"].get("fragile", ""), summary

@@ -6,7 +6,9 @@ kernels are suspended again, without a restart."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from harness import (
     s3_store,
     save_namespace,
 )
+from jupyter_ckpt_server.storehealth import StoreHealth
 from server_helpers import ServerProcess, poll
 from tornado.httpclient import HTTPClientError
 
@@ -170,3 +173,12 @@ async def test_a_store_that_turns_read_only_is_not_reported_ok(tmp_path: Path) -
         assert (await server.get("ckpt/status"))["store"]["ok"] is True
     finally:
         server.kill()
+
+
+def test_the_retry_delay_doubles_up_to_its_cap() -> None:
+    """After a long outage the retry comes within ``max_delay`` of the store's return,
+    not hours later."""
+    health = StoreHealth("s3://b/u", logging.getLogger("test"), first_delay=1, max_delay=60)
+    delays = list(itertools.islice(health.delays(), 12))
+    assert delays[:7] == [1, 2, 4, 8, 16, 32, 60]
+    assert set(delays[6:]) == {60}
