@@ -178,6 +178,8 @@ class Outage:
         self.thread.start()
         self.streams: set[asyncio.StreamWriter] = set()
         self.down = False
+        # seconds each piece of a request waits before it is passed on (a slow store)
+        self.latency = 0.0
 
         async def listen() -> asyncio.Server:
             return await asyncio.start_server(self._forward, "127.0.0.1", 0)
@@ -223,9 +225,13 @@ class Outage:
             return
         self.streams |= {writer, up_writer}
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, slow: bool = False
+        ) -> None:
             try:
                 while data := await src.read(1 << 16):
+                    if slow and self.latency:
+                        await asyncio.sleep(self.latency)
                     dst.write(data)
                     await dst.drain()
             except OSError:
@@ -233,7 +239,7 @@ class Outage:
             finally:
                 dst.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, slow=True), pipe(up_reader, writer))
 
 
 class Kernel:
