@@ -18,6 +18,7 @@ from jupyter_ckpt.store import ImageStore
 
 from . import startup
 from .autosave import Autosaver
+from .configcheck import unknown_settings
 from .handlers import default_handlers
 from .kernelmanager import CkptKernelManager
 from .manager import CkptManager
@@ -63,6 +64,9 @@ class CkptExtensionApp(ExtensionApp):
                 f"the server uses {type(km).__name__}, so no kernel will be suspended"
             )
         try:
+            typos = unknown_settings(self.config, [*self.classes, Autosaver])
+            if typos:  # its default would apply, and the user would not know
+                raise TraitError("; ".join(typos))
             self.policy = SuspendPolicy(parent=self)
             store = ImageStore(parent=self)
         except (TraitError, CkptError) as exc:
