@@ -3,7 +3,10 @@
 Hypothesis drives a real `jupyter server` process (SIGKILLed, stopped and started again on
 the same store), real ipykernel kernels and the real store through public surfaces only:
 the kernels, sessions and ckpt REST APIs, kernel websockets, signals to the server, and
-faults of the store (an outage window, a record write that fails). The test models each
+faults of the store (an outage window, a record write that fails, a store slow to answer),
+and the overlaps where paths meet: a cell on a new socket during a suspend's commit, an
+outage during a restore followed by a suspend of the empty kernel and retention, a slow
+record put during a shutdown or a stop. The test models each
 kernel's variables; after every step a fresh :class:`ImageStore` reads the store as a new
 server would and checks the lifecycle's invariant:
 
