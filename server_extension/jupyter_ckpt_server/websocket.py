@@ -309,10 +309,14 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         handler = self.websocket_handler
         try:
             report = await restored
-            if not self._closed:
+            superseded = self._superseded()
+            if not self._closed and not superseded:
                 await self._hand_over(report)
             elif self._queue:
                 await self._deliver_offline()
+            if superseded:  # the client has a newer socket: this one is stale
+                self.disconnect()
+                handler.close()
             self.manager.lifecycles.delivered(self.kernel_id)
         except Exception as exc:
             self.log.error("Restore of kernel %s failed: %s", self.kernel_id, exc)
@@ -341,6 +345,18 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
                 self._send("iopub", self.session.msg("error", error, parent=header))
             reply = {"status": "error", **error}
             self._reply(channel, header, msg_type.replace("_request", "_reply"), reply)
+
+    def _superseded(self) -> bool:
+        """Whether another socket of this client's session is attached to the kernel: one
+        it opened since (a reconnect while the server had not seen this socket drop).
+        Handing this one over would replace that one as stale, and its replies with it."""
+        from jupyter_server.services.kernels.connection.channels import (
+            ZMQChannelsWebsocketConnection,
+        )
+
+        key = f"{self.kernel_id}:{self.session.session}"
+        live = ZMQChannelsWebsocketConnection._open_sessions.get(key)
+        return live is not None and live is not self.websocket_handler
 
     async def _hand_over(self, report: dict[str, Any]) -> None:
         handler = cast(KernelWebsocketHandler, self.websocket_handler)

@@ -841,3 +841,27 @@ async def test_a_cell_whose_kernel_cannot_start_gets_an_error_reply(
     kept.rename(spec_dir)
     _, outputs = await client.execute("x + 1")
     assert text_of(outputs).splitlines()[-1] == "42"
+
+
+async def test_a_cell_reaches_the_socket_that_replaced_its_stale_one(jp_fetch, connect, manager):
+    """The client's socket dropped without the server seeing it (a network blip), with a
+    cell that wakes the kernel sent; the client reconnects with the same session while
+    the restore runs, and the server replaces the stale socket: the cell's reply reaches
+    the new socket, not the stale one that the server closes."""
+    _, kernel_id = await suspended_kernel(jp_fetch, connect)
+    first = await connect(kernel_id)
+    second: list[Any] = []
+
+    async def reconnect() -> None:
+        second.append(await connect(kernel_id, session_id=first.session.session))
+
+    at_step(manager, "restore", reconnect)
+    msg_id = first.send("execute_request", {"code": "x + 1", "silent": False})
+    await poll(lambda: second, timeout=60, what="the reconnect during the restore")
+    try:
+        reply = await second[0].reply_to(msg_id, timeout=30)
+    except (ConnectionError, asyncio.TimeoutError) as exc:
+        pytest.fail(
+            f"the cell's reply did not reach the socket that replaced the stale one: {exc!r}"
+        )
+    assert reply["content"]["status"] == "ok", reply["content"]
