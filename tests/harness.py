@@ -251,7 +251,10 @@ class Kernel:
         workdir.mkdir(parents=True, exist_ok=True)
         self.manager: KernelManager
         self.manager, self.client = start_new_kernel(
-            kernel_name="python3", env=paths.env(), cwd=str(workdir), startup_timeout=120
+            kernel_name="python3",
+            env=paths.env(),
+            cwd=str(workdir),
+            startup_timeout=scaled(EXEC_TIMEOUT),
         )
         self.last_execution_count: int | None = None
 
