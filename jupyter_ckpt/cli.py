@@ -141,9 +141,14 @@ class CkptBaseApp(JupyterApp):
             raise CkptError("ImageStore.url is empty; give a directory or an fsspec URL")
         # A secret file named on the command line must exist: a typo there would
         # otherwise become a new secret that opens none of the user's images.
-        named = "secret_file" in self.cli_config.get("ImageStore", {})
+        named = self.cli_config.get("ImageStore", {})
+        # so must a store named there, for a command that only reads or removes: a typo
+        # must not become a new, empty store (and exit 0 listing nothing)
+        create_store = self.creates_images or "url" not in named
         try:
-            return ImageStore(parent=self, create_secret=not named)
+            return ImageStore(
+                parent=self, create_secret="secret_file" not in named, create_store=create_store
+            )
         except TraitError as exc:  # a bad ImageStore value, from a config file or option
             raise CkptError(f"bad store configuration: {exc}") from exc
         except (ImportError, ValueError) as exc:  # fsspec: unknown protocol, missing package
@@ -165,6 +170,9 @@ class CkptBaseApp(JupyterApp):
         except RUNTIME_ERRORS as exc:
             self.fail(exc)
         print("\n".join(lines))
+
+    # whether the command writes new images (a store it names may be a new one)
+    creates_images = False
 
     def run(self, store: ImageStore, *args: str) -> list[str]:
         """Do the command; return the lines to print. Raise a CkptError for the user."""
@@ -314,6 +322,7 @@ class ExportImage(CkptBaseApp):
 
 class ImportImage(CkptBaseApp):
     name = "jupyter ckpt import"
+    creates_images = True
     description = (
         "Add an exported image to the store. It must be signed with this store's secret, "
         "and the image appears only once the manifest and every chunk check out."

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deadlines import scaled
 from harness import BUCKET, CREDENTIALS, Kernel, MotoServer, Outage, Paths
 
 from jupyter_ckpt.store import ImageStore
@@ -89,7 +90,16 @@ def _file(item: pytest.Item) -> str:
     return Path(str(item.fspath)).relative_to(Path(__file__).parent.parent).as_posix()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's time limit (its own, or the run's) scaled to the machine (see
+    :mod:`deadlines`); under xdist, the long files first."""
+    given = config.getoption("timeout", None)  # --timeout=0: none
+    limit = float(given if given is not None else config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        seconds = float(marker.args[0]) if marker is not None and marker.args else limit
+        if seconds:
+            item.add_marker(pytest.mark.timeout(scaled(seconds)))
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return  # one process: the browser tests' own hook puts them last
     items.sort(key=lambda item: (_file(item).startswith(_LAST), -_LONG_FILES.get(_file(item), 0)))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deadlines import scaled
 from jupyter_client.manager import KernelManager, start_new_kernel
 
 from jupyter_ckpt import image
@@ -192,6 +193,8 @@ class Outage:
         self.thread.start()
         self.streams: set[asyncio.StreamWriter] = set()
         self.down = False
+        # seconds each piece of a request waits before it is passed on (a slow store)
+        self.latency = 0.0
 
         async def listen() -> asyncio.Server:
             return await asyncio.start_server(self._forward, "127.0.0.1", 0)
@@ -237,9 +240,13 @@ class Outage:
             return
         self.streams |= {writer, up_writer}
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, slow: bool = False
+        ) -> None:
             try:
                 while data := await src.read(1 << 16):
+                    if slow and self.latency:
+                        await asyncio.sleep(self.latency)
                     dst.write(data)
                     await dst.drain()
             except OSError:
@@ -247,7 +254,7 @@ class Outage:
             finally:
                 dst.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, slow=True), pipe(up_reader, writer))
 
 
 class Kernel:
@@ -259,7 +266,10 @@ class Kernel:
         workdir.mkdir(parents=True, exist_ok=True)
         self.manager: KernelManager
         self.manager, self.client = start_new_kernel(
-            kernel_name="python3", env=paths.env(), cwd=str(workdir), startup_timeout=120
+            kernel_name="python3",
+            env=paths.env(),
+            cwd=str(workdir),
+            startup_timeout=scaled(EXEC_TIMEOUT),
         )
         self.last_execution_count: int | None = None
 
@@ -277,7 +287,7 @@ class Kernel:
             elif kind == "error":
                 error.append(_ANSI.sub("", "\n".join(content["traceback"])))
 
-        reply = self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
+        reply = self.client.execute_interactive(code, output_hook=hook, timeout=scaled(timeout))
         self.last_execution_count = reply["content"].get("execution_count")
         if reply["content"]["status"] != "ok":
             raise KernelError(f"cell failed:\n{code}\n--- traceback ---\n" + "\n".join(error))
@@ -564,8 +574,9 @@ def read_only(directory: Path) -> Iterator[Path]:
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds
+    (on an idle machine: see :mod:`deadlines`)."""
+    deadline = time.monotonic() + scaled(timeout)
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)

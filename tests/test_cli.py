@@ -166,6 +166,13 @@ def test_list_empty_store(ckpt: Run, site: Site) -> None:
     assert json.loads(ok(ckpt("list", "--json"))) == []
 
 
+def test_a_store_named_with_a_typo_is_refused(ckpt: Run, site: Site) -> None:
+    """``--store`` naming a directory that does not exist: exit 1, nothing created."""
+    typo = site.root / "stroe"
+    failed(ckpt("list", f"--store={typo}"), 1, f"no store at {typo}")
+    assert not typo.exists()
+
+
 def test_list_newest_first(ckpt: Run, site: Site) -> None:
     older = site.save("older", x=1)
     newer = site.save("newer", x=2, y="two")

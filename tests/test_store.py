@@ -264,10 +264,14 @@ def test_manifest_moved_to_another_id_refused(store: ImageStore) -> None:
         store.load_manifest(other)
 
 
-def test_verify_detects_altered_chunk(store: ImageStore) -> None:
+@pytest.mark.parametrize("where", [0, -1], ids=["the stream", "a large array's data"])
+def test_verify_detects_altered_chunk(store: ImageStore, where: int) -> None:
+    """Every segment's chunks are checked: the pickle stream's, and those of each large
+    buffer (its own segment), down to the last chunk."""
     manifest = save(store, "v", a=np.arange(1 << 20))
     assert store.verify("v")["id"] == manifest["id"]
-    digest = manifest["segments"][0]["chunks"][0][0]
+    assert len(manifest["segments"]) > 1
+    digest = manifest["segments"][where]["chunks"][where][0]
     path = Path(store.backend.root, chunk_path(digest))
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF
@@ -317,3 +321,19 @@ def test_save_whose_chunks_vanish_fails_and_leaves_no_image(store: ImageStore) -
     with pytest.raises(IntegrityError, match="vanished"):
         writer.commit({"name": "broken", "variables": [], "imports": [], "groups": []})
     assert store.image_ids() == []
+
+
+def test_a_record_unreadable_under_this_secret_keeps_every_image(tmp_path: Path) -> None:
+    """A kernel record encrypted under another secret (a rekey that has not reached it
+    yet) may name any image: retention removes none while it is there, and says why."""
+    url = str(tmp_path / "store")
+    new = ImageStore(url=url, secret_file=str(tmp_path / "new"), max_images=1)
+    kept = save(new, "suspended-on", x=1)
+    old = ImageStore(url=url, secret_file=str(tmp_path / "old"), encryption="aes-256-gcm")
+    old.records.put({"kernel_id": "k-1", "kernel_name": "python3", "image_id": kept["id"]})
+    newer = save(new, "newer", y=2)
+    pins = new.records.pins()
+    assert set(pins.unknown) == {"k-1"} and pins.note(), pins
+    removed, _, _ = new.enforce_retention(collect=None)
+    assert removed == []
+    assert {kept["id"], newer["id"]} <= set(new.image_ids())

@@ -105,7 +105,7 @@ class KernelSession:
                 states=states,
             )
         except Exception as exc:
-            return {"error": _describe(exc)}
+            return failure(exc)
         self.last_image = manifest["id"]
         self.untouched = self.untouched_after(states)
         self.unsaveable = unsaveable_ids(manifest, self.shell.user_ns)
@@ -248,6 +248,12 @@ class KernelSession:
             "load it from another image or make it again",
             file=sys.stderr,
         )
+
+
+def failure(exc: BaseException) -> dict[str, str]:
+    """What a failed save answers the server: why, and the error's type (the server
+    tells a store's failure from the kernel's by it)."""
+    return {"error": _describe(exc), "error_type": type(exc).__name__}
 
 
 def _describe(exc: BaseException) -> str:

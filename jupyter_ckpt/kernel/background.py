@@ -289,7 +289,7 @@ def _name_process(name: str) -> None:
 
 
 def _save(session: Any, name: str, states: tuple[dict[str, Any], dict[str, str]]) -> dict[str, Any]:
-    from . import _describe, newest_manifest, summarize_save, unsaveable_ids
+    from . import failure, newest_manifest, summarize_save, unsaveable_ids
 
     started = time.perf_counter()
     try:
@@ -305,7 +305,7 @@ def _save(session: Any, name: str, states: tuple[dict[str, Any], dict[str, str]]
             states=states,
         )
     except Exception as exc:
-        return {"error": _describe(exc)}
+        return failure(exc)
     summary = summarize_save(manifest, time.perf_counter() - started)
     return {**summary, "unsaveable_ids": unsaveable_ids(manifest, session.shell.user_ns)}
 

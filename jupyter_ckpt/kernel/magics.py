@@ -23,6 +23,15 @@ class _Parser(argparse.ArgumentParser):
         raise CkptError(f"{message}\n{self.format_usage().strip()}")
 
 
+def _split(line: str) -> list[str]:
+    """The words of a magic's line, as a shell splits them; a quote left open is the
+    user's error, said in one line."""
+    try:
+        return shlex.split(line)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise CkptError(f"cannot read {line.strip()!r}: {str(exc).lower()}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="%ckpt", description="Checkpoint this kernel's variables.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -76,7 +85,7 @@ class CkptMagics(Magics):
     def ckpt(self, line: str) -> None:
         """Checkpoint this kernel's variables. `%ckpt --help` lists the commands."""
         try:
-            args = _parser().parse_args(shlex.split(line))
+            args = _parser().parse_args(_split(line))
         except SystemExit:  # --help printed the usage
             return
         except CkptError as exc:

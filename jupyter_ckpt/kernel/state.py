@@ -45,17 +45,49 @@ _LAUNCH_ENV = _launch_environment()
 _RESTORED_ENV: set[str] = set()
 
 
+class Unnameable:
+    """Stands for a namespace entry whose key no image can hold as a name (not a string,
+    or a string with a lone surrogate, which UTF-8 cannot encode): its pickling fails
+    with the reason, so a save reports that entry alone as not saved."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __reduce__(self) -> Any:
+        raise TypeError(self.reason)
+
+
+def _odd_key(key: Any, value: Any) -> tuple[str, Unnameable] | None:
+    """(how the key is shown, what stands for its value) for a key that is no name an
+    image can hold; None for one that is."""
+    if not isinstance(key, str):
+        shown, why = repr(key), "its key is not a string"
+    else:
+        try:
+            key.encode("utf-8")
+            return None
+        except UnicodeEncodeError:
+            shown, why = key.encode("utf-8", "backslashreplace").decode(), "its name is not UTF-8"
+    return shown, Unnameable(f"{type(value).__name__} not saved: {why}")
+
+
 def user_variables(shell: Any) -> dict[str, Any]:
     """The user's names: not a dunder, not one IPython set (a name IPython bound and the
-    user then rebound, such as ``_`` or ``exit``, is the user's)."""
+    user then rebound, such as ``_`` or ``exit``, is the user's). An entry whose key is
+    no name (see :class:`Unnameable`) is there under a name that shows it."""
     hidden = shell.user_ns_hidden
-    return {
-        name: value
-        for name, value in shell.user_ns.items()
-        if not (name.startswith("__") and name.endswith("__"))
-        and name not in _IPYTHON_UNHIDDEN
-        and not (name in hidden and hidden[name] is value)
-    }
+    variables = {}
+    for name, value in list(shell.user_ns.items()):
+        odd = _odd_key(name, value)
+        if odd is not None:
+            variables[odd[0]] = odd[1]
+        elif not (
+            (name.startswith("__") and name.endswith("__"))
+            or name in _IPYTHON_UNHIDDEN
+            or (name in hidden and hidden[name] is value)
+        ):
+            variables[name] = value
+    return variables
 
 
 def env_changes() -> dict[str, Any]:

@@ -154,6 +154,8 @@ def _mapped(method: _F, write: bool) -> _F:
 
     def translate(backend: Any, exc: Exception) -> None:
         error = store_error(exc, backend.url, write)
+        if error is None and isinstance(exc, NotADirectoryError):
+            error = backend.gone(exc) if isinstance(backend, LocalBackend) else None
         if error is not None:
             raise error from exc
 
@@ -217,6 +219,16 @@ class LocalBackend:
 
     def _abs(self, path: str) -> str:
         return os.path.join(self.root, path)
+
+    def gone(self, exc: NotADirectoryError) -> StoreError | None:
+        """A path under a root that is no longer a directory is no missing object but a
+        store that is gone (None while the root is a directory)."""
+        if os.path.isdir(self.root):
+            return None
+        return StoreUnavailable(
+            f"the store {self.url} is not a directory any more ({_cause(exc)}); put the "
+            "store's directory back, or point ImageStore.url at it"
+        )
 
     def _makedirs(self, directory: str) -> None:
         """Create ``directory`` and every missing one above it up to the root, each 0700

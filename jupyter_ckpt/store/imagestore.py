@@ -35,7 +35,7 @@ from ..errors import (
     InvalidReference,
     StoreUnavailable,
 )
-from .backends import LocalBackend, open_backend
+from .backends import LocalBackend, local_path, open_backend
 from .encryption import (
     AES_GCM,
     ENCRYPTIONS,
@@ -122,6 +122,13 @@ class ImageStore(LoggingConfigurable):
         True,
         help="Create the secret file if it is missing. Off where the user named the file "
         "(`jupyter ckpt --secret-file`): a typo must not become a new secret.",
+    )
+
+    create_store = Bool(
+        True,
+        help="Create a local store's directory if it is missing. Off where the user named "
+        "the store (`jupyter ckpt --store`) for a command that only reads it: a typo must "
+        "not become a new, empty store.",
     )
 
     secret = Unicode(
@@ -223,6 +230,9 @@ class ImageStore(LoggingConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         options = {"fsync": self.fsync, "direct_io": self.direct_io, **self.storage_options}
+        path = local_path(self.url)
+        if not self.create_store and path is not None and not os.path.isdir(path):
+            raise ImageNotFound(f"no store at {path}: check the path (nothing was created there)")
         root = open_backend(self.url, **options)
         if isinstance(root, LocalBackend):
             prefix = prepare_local(root.root, self.user)
@@ -232,7 +242,7 @@ class ImageStore(LoggingConfigurable):
         self.root_url = root.url
         #: This user's part of the store: every read and write goes through it.
         self.backend = open_backend(prefix, **options)
-        self.signer = Signer(self.secret_file, self.secret or None, self.create_secret)
+        self.signer = Signer(self.secret_file, self.secret or None, self._may_create_secret())
         self.cipher = Cipher(self.signer)
         encrypt = self.encryption != NONE
         #: Signs (and with encryption, encrypts) manifests, records, the index and leases.
@@ -243,6 +253,17 @@ class ImageStore(LoggingConfigurable):
         self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
         self._index = ManifestIndex(self.backend, self.sealer, self.log)
         self._collected_at = -float("inf")
+
+    def _may_create_secret(self) -> bool:
+        """Whether a missing secret file is created: not where the user named it
+        (``create_secret``), nor where a config file names one in a directory that does
+        not exist (a mistyped ``ImageStore.secret_file`` must not quietly become a new
+        directory and a secret that opens none of the user's images)."""
+        if not self.create_secret or self.secret:
+            return self.create_secret
+        if "secret_file" not in self.config.get("ImageStore", {}):
+            return True
+        return os.path.isdir(os.path.dirname(os.path.abspath(os.path.expanduser(self.secret_file))))
 
     def close(self) -> None:
         """Stop the I/O threads (a long-lived process that opens many stores, as a hub)."""

@@ -85,6 +85,8 @@ class KernelRecords:
         for kernel_id, record in records.items():
             holder = "running" if record.get("state") == "running" else "suspended"
             pins.images[record["image_id"]] = f"{holder} kernel {kernel_id}"
+            for kept in record.get("keeps", []):  # what a kernel did after a failed restore
+                pins.images[kept] = f"kernel {kernel_id}, whose restore failed"
         for kernel_id, why in errors.items():
             named = self._named_image(kernel_id)
             if named is None:

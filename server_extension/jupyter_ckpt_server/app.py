@@ -18,6 +18,7 @@ from jupyter_ckpt.store import ImageStore
 
 from . import startup
 from .autosave import Autosaver
+from .configcheck import unknown_settings
 from .handlers import default_handlers
 from .kernelmanager import CkptKernelManager
 from .manager import CkptManager
@@ -63,6 +64,9 @@ class CkptExtensionApp(ExtensionApp):
                 f"the server uses {type(km).__name__}, so no kernel will be suspended"
             )
         try:
+            typos = unknown_settings(self.config, [*self.classes, Autosaver])
+            if typos:  # its default would apply, and the user would not know
+                raise TraitError("; ".join(typos))
             self.policy = SuspendPolicy(parent=self)
             store = ImageStore(parent=self)
         except (TraitError, CkptError) as exc:
@@ -128,7 +132,7 @@ class CkptExtensionApp(ExtensionApp):
         # a restore checks compatibility first: its slow part is done now, off its path
         self._prepared = asyncio.ensure_future(asyncio.to_thread(compat.prepare))
         health = self.store_health = StoreHealth(self.manager.store.backend.url, self.log)
-        self.service.store_health = health
+        self.service.store_health = self.manager.events.store_health = health
         try:
             # A store that is down must not stop the rest: the records come when it is back.
             if not await health.attempt(self.manager.load_records, "loading kernel records"):

@@ -32,7 +32,6 @@ from jupyter_ckpt.kernel.background import read_result
 
 from .events import Events
 from .kernelprocess import alive
-from .lifecycle import State
 from .rpc import KernelRPC, SuspendFailed
 from .work import idle_clock_kept
 
@@ -192,7 +191,7 @@ class Autosaver(LoggingConfigurable):
     def due(self, kernel_id: str) -> bool:
         """Whether ``kernel_id`` should be autosaved now (see the module's docstring)."""
         lc = self.manager.lifecycles.get(kernel_id)
-        if lc is None or lc.state is not State.RUNNING or lc.lock.locked() or not lc.executed:
+        if lc is None or not lc.saves_itself or lc.lock.locked() or not lc.executed:
             return False
         kernel = self.manager.kernel_manager.get_kernel(kernel_id)
         interval = self.interval(kernel)

@@ -7,6 +7,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from .rpc import StoreFailed
+from .storehealth import StoreHealth
+
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
@@ -21,11 +24,16 @@ class Events:
         self.log = log
         # kernel id -> why its last checkpoint or suspend failed (shown in status)
         self.failures: dict[str, dict[str, Any]] = {}
+        # told whether the store took each save (set once the server runs: the store's
+        # health in the status): a store that refuses writes is not "ok" while it reads
+        self.store_health: StoreHealth | None = None
 
     def failure(
         self, action: str, kernel_id: str, trigger: str, exc: BaseException, started: float
     ) -> None:
         reason = str(exc)
+        if self.store_health is not None and isinstance(exc, StoreFailed):
+            self.store_health.saw(exc, f"the {action} of kernel {kernel_id}")
         self.failures[kernel_id] = {"action": action, "reason": reason, "at": now_iso()}
         if getattr(exc, "lost", None):
             self.failures[kernel_id]["lost"] = exc.lost  # type: ignore[attr-defined]
@@ -51,6 +59,8 @@ class Events:
         }
         if kernel_id:
             data["kernel_id"] = kernel_id
+        if summary and status == "success" and self.store_health is not None:
+            self.store_health.saw(None, f"the {action} of kernel {kernel_id}")
         if summary:
             data["image_id"] = summary.get("id") or summary.get("image_id")
             data["write_seconds"] = summary.get("seconds", 0.0)

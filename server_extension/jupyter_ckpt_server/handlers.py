@@ -29,6 +29,7 @@ from jupyter_ckpt.errors import (
 from jupyter_ckpt.store import check_ref
 
 from .manager import CkptManager, SuspendFailed
+from .rpc import StoreFailed
 from .service import CkptService
 from .startup import AfterRecords
 
@@ -49,10 +50,10 @@ def _http_errors(
             raise web.HTTPError(404, str(exc)) from exc
         except (InvalidReference, AmbiguousReference) as exc:
             raise web.HTTPError(400, str(exc)) from exc
+        except (StoreError, StoreFailed) as exc:  # the store is down, read-only, full or
+            raise web.HTTPError(503, str(exc)) from exc  # refuses us: the kernel runs on
         except (ImageInUse, IncompatibleImage, SuspendFailed) as exc:
             raise web.HTTPError(409, str(exc)) from exc
-        except StoreError as exc:  # the store is down, read-only, full or refuses us
-            raise web.HTTPError(503, str(exc)) from exc
         except CkptError as exc:
             raise web.HTTPError(500, str(exc)) from exc
 

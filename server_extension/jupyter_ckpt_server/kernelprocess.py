@@ -1,13 +1,12 @@
 """Whether a process runs, and whether a kernel's process, just started, can still answer.
 
-A started kernel that says nothing is usually slow (a cold file cache, startup files that
-import a large library). Two failures look the same from the server's side and never end:
-ipykernel hangs for good when one of its ports was taken by another process between the
-server's choice and its bind ("Address already in use"), and a process that exits as it
-starts is replaced by jupyter_client's restarter on new ports, which the server's iopub
-watch does not follow. They are told apart from slowness by the process itself: ipykernel
-binds its ports before it runs anything slow of the user's, so a live process that listens
-on all of them is only slow.
+A started kernel that says nothing is slow (a cold file cache, startup files that import a
+large library, a kernelspec's launcher that prepares an environment before it starts
+ipykernel): it is waited for. Only evidence that the process cannot answer makes the
+server start another: it exited (jupyter_client's restarter then replaces it on new
+ports, which the server's iopub watch does not follow), it was replaced on other ports,
+or another process holds one of its ports (taken between the server's choice and the
+kernel's bind, ipykernel was seen to hang for good, "Address already in use").
 """
 
 from __future__ import annotations
@@ -31,11 +30,11 @@ def ports(kernel: Any) -> dict[str, int]:
     return {name: getattr(kernel, name) for name in PORTS}
 
 
-def cannot_answer(kernel: Any, watched: dict[str, int], bound_by_now: bool) -> str | None:
+def cannot_answer(kernel: Any, watched: dict[str, int], look_at_ports: bool) -> str | None:
     """Why the kernel's process cannot answer on the ports the server watches (None
-    while it may): it exited, it was replaced on other ports, or (once it has had the
-    time to bind them) it runs without listening on them. A process the server cannot
-    see (a remote provisioner's) may."""
+    while it may): it exited, it was replaced on other ports, or (``look_at_ports``)
+    another process listens on one of them. A process the server cannot see (a remote
+    provisioner's) may answer."""
     if ports(kernel) != watched:
         return "its process was replaced on other ports"
     pid = getattr(kernel.provisioner, "pid", None)
@@ -43,22 +42,24 @@ def cannot_answer(kernel: Any, watched: dict[str, int], bound_by_now: bool) -> s
         return None
     if not alive(pid):
         return "its process exited"
-    if not bound_by_now or kernel.transport != "tcp":
+    if not look_at_ports or kernel.transport != "tcp":
         return None
     try:
         process = psutil.Process(pid)
         # a kernelspec may start the kernel through a wrapper (a shell, conda run)
-        tree = [process, *process.children(recursive=True)]
-        listening = {
-            conn.laddr.port
-            for member in tree
-            for conn in member.net_connections("tcp")
-            if conn.status == psutil.CONN_LISTEN
+        tree = {process.pid, *(child.pid for child in process.children(recursive=True))}
+        holders = {
+            conn.laddr.port: conn.pid
+            for conn in psutil.net_connections("tcp")
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port in watched.values()
         }
     except psutil.NoSuchProcess:
         return "its process exited"
     except psutil.AccessDenied:
         return None
-    if not set(watched.values()) <= listening:
-        return "its process does not listen on its ports (one may have been taken)"
+    for name, port in watched.items():
+        if port in holders and holders[port] not in tree:
+            holder = holders[port]
+            by = "another process" if holder is None else f"process {holder}"
+            return f"its {name.removesuffix('_port')} port {port} is held by {by}"
     return None

@@ -17,6 +17,22 @@ kernel manager's process primitives, and nothing calls back into it through a sl
 One kernel's transitions are serialized by its lock. A restore hands the kernel to the
 client whose cell woke it before the record is written (the put follows under the lock).
 
+Three rules keep the invariant where paths meet:
+
+- **A pin lasts until a newer state is committed.** An image that holds a user's state
+  stays pinned until a newer state of that kernel is committed and verified: an image
+  that came from it (its ``parent`` chain leads to it). A failed restore is not a newer
+  state, nor is what the kernel holds without it: while the kernel is ``restore-failed``
+  every record it writes (autosave, checkpoint, suspend, stop) restores that image and
+  keeps (``keeps``) the kernel's own newest image beside it (:meth:`Lifecycles._keeping`).
+  A store that cannot be reached during a restore is waited for while the cell waits.
+- **A cancelled write never lands later.** A record put or removal runs to its end on its
+  thread; a task cancelled meanwhile stops once it has (:func:`_to_the_end`).
+- **A message accepted for a kernel reaches the process that answers it, or the suspend
+  aborts.** A websocket opened during a suspend is never attached to the process being
+  suspended, and a message on a socket the suspend closed goes to the restored kernel
+  (:mod:`.websocket`).
+
 States and the events that move a kernel (``TRANSITIONS``; events that leave the state
 as it is, such as a cell, a checkpoint or an interrupt, are not listed):
 
@@ -25,10 +41,15 @@ state           event                         next            its record in the 
 ==============  ============================  ==============  =============================
 (none)          start                         running         none yet
 running         autosave tick                 autosaving      (unchanged)
+restore-failed  autosave tick                 autosaving      (unchanged)
 autosaving      autosave done or failed       running         running -> the new autosave
+autosaving      done, image not restored      restore-failed  the image, keeping the new one
+restore-failed  newer state of the image      running         running -> the newer image
 running         suspend (idle, api, stop)     suspending      (unchanged)
 restore-failed  suspend                       suspending      (unchanged)
 suspending      committed                     suspended       suspended -> the new image
+                                                              (restore-failed: the image it
+                                                              failed on, keeping the new one)
 suspending      failed or aborted             running         (unchanged)
 suspended       first message, connect        restoring       (unchanged)
 restoring       restored                      running         running -> the image
@@ -66,7 +87,7 @@ from jupyter_client.session import Session
 from jupyter_core.utils import ensure_async
 
 from jupyter_ckpt import compat
-from jupyter_ckpt.errors import CkptError, IncompatibleImage
+from jupyter_ckpt.errors import CkptError, IncompatibleImage, StoreError, StoreUnavailable
 from jupyter_ckpt.kernel import summarize_save
 from jupyter_ckpt.store import ImageStore
 
@@ -76,23 +97,27 @@ from .policy import SuspendPolicy
 from .progress import ProgressWatch
 from .readahead import readahead
 from .recovery import recovered_field, recovery_message, server_identity, writer_alive
-from .rpc import Aborted, KernelRPC, NothingToSave, SuspendFailed
+from .rpc import Aborted, KernelRPC, NothingToSave, StoreFailed, SuspendFailed
 from .standby import Standby
 from .timeline import Timeline
 
 # how often at most a running record is rewritten with the cells run since its image
 RECORD_REFRESH_SECONDS = 5.0
-# how long a started kernel's watch may take to receive its first message, and how often
-# kernel info is asked for meanwhile
-JOIN_TIMEOUT = 30.0
+# how long the server waits for a started kernel's first message before it hands the
+# kernel out all the same (it is slow, not stuck: see kernelprocess), and how often kernel
+# info is asked for meanwhile
+JOIN_TIMEOUT = 300.0
 JOIN_NUDGE_SECONDS = 0.5
-# how long a started kernel may say nothing before the server looks at its process, and how
-# many processes it starts at most when one cannot answer (see kernelprocess)
+# how long a started kernel may say nothing before the server looks at who holds its
+# ports, and how many processes it starts at most when one cannot answer
 SILENT_AFTER = 10.0
 START_ATTEMPTS = 3
 # how long a restore's event waits for its clients' queued messages to be delivered (a
 # client that closed meanwhile never reports it)
 DELIVERY_WAIT = 5.0
+# the first and the longest wait between two tries of a restore whose store did not answer
+RESTORE_RETRY_FIRST = 1.0
+RESTORE_RETRY_MAX = 15.0
 # how long a suspend waits for the kernel's debugger to describe itself (it is optional)
 DEBUG_INFO_TIMEOUT = 5.0
 # the end of the topic ipykernel publishes status messages under (kernel.<id>.status): two
@@ -118,6 +143,33 @@ def _record_stale(lc: KernelLifecycle) -> bool:
     )
 
 
+async def _to_the_end(work: Callable[[], None]) -> bool:
+    """Run a store write on a thread to its end, whatever happens to the task that asked
+    for it; whether that task was cancelled meanwhile (it must then stop, once it has
+    taken the write's outcome into account).
+
+    A thread cannot be stopped: a write whose awaiting task were cancelled would still
+    land, later, after whatever followed the cancel (a shutdown's removal of the record, a
+    suspend's record), and undo it. So the cancel waits for the write instead."""
+    job = asyncio.ensure_future(asyncio.to_thread(work))
+    cancelled = False
+    while not job.done():
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            cancelled = cancelled or not job.done()
+        except Exception:
+            break  # the write failed: the caller reads it from the job
+    job.result()
+    return cancelled
+
+
+def _store_unreachable(exc: SuspendFailed) -> bool:
+    """Whether a kernel call failed because the store could not be reached: worth
+    another try."""
+    return isinstance(exc, StoreFailed) and exc.kind == StoreUnavailable.__name__
+
+
 async def _until(condition: Callable[[], bool], timeout: float) -> None:
     """Wait for ``condition``, which no event announces (the server's own view of a
     kernel); asyncio.TimeoutError after ``timeout``."""
@@ -141,7 +193,10 @@ class State(str, enum.Enum):
 S = State
 TRANSITIONS: dict[tuple[State, str], State] = {
     (S.RUNNING, "autosave"): S.AUTOSAVING,
+    (S.RESTORE_FAILED, "autosave"): S.AUTOSAVING,
     (S.AUTOSAVING, "autosaved"): S.RUNNING,
+    (S.AUTOSAVING, "autosaved, unrestored"): S.RESTORE_FAILED,
+    (S.RESTORE_FAILED, "newer state"): S.RUNNING,
     (S.RUNNING, "suspend"): S.SUSPENDING,
     (S.RESTORE_FAILED, "suspend"): S.SUSPENDING,
     (S.SUSPENDING, "committed"): S.SUSPENDED,
@@ -184,6 +239,9 @@ class KernelLifecycle:
     launch: dict[str, Any] = field(default_factory=dict)  # kernel name, path, environment
     recovered: dict[str, Any] | None = None  # a crashed kernel found at start
     restore_error: str | None = None
+    # the image its restore failed on, while it holds no state that came from it: every
+    # record of the kernel keeps that image (see Lifecycles._keeping)
+    unrestored: str | None = None
     autosave_image: str | None = None  # its last autosave: replaced by the next one
     executed: list[int] = field(default_factory=list)  # cells run since the record's image
     cells: int = 0  # cells any client ran (execute_input seen on iopub)
@@ -209,6 +267,17 @@ class KernelLifecycle:
         if nxt is None:
             raise InvalidTransition(f"kernel {self.kernel_id}: no {event!r} from {self.state}")
         self.state = nxt
+
+    @property
+    def saves_itself(self) -> bool:
+        """Whether it is autosaved: it runs (with the state it came back with, or
+        without the one its restore failed on: what it holds since is kept too)."""
+        return self.state in (S.RUNNING, S.RESTORE_FAILED)
+
+    def records_name(self, image_id: str) -> bool:
+        """Whether its record names (or keeps) ``image_id``."""
+        record = self.record or {}
+        return image_id == record.get("image_id") or image_id in record.get("keeps", [])
 
     @property
     def has_process(self) -> bool:
@@ -308,6 +377,23 @@ class Lifecycles:
             lc.state is S.RESTORING and not self.km.has_process(kernel_id)
         )
 
+    def holds_sockets(self, kernel_id: str) -> bool:
+        """Whether a new websocket to the kernel is served without its process (see
+        :mod:`.websocket`): while it is suspended, and while a suspend is under way, whose
+        end decides which process answers the socket's messages. A socket attached to the
+        process being suspended could send a cell that reaches it after the suspend's last
+        check, just before it is stopped: that cell would be lost."""
+        lc = self.kernels.get(kernel_id)
+        return lc is not None and (lc.state is S.SUSPENDING or self.is_suspended(kernel_id))
+
+    async def suspend_ended(self, kernel_id: str) -> None:
+        """Once the suspend under way, if any, has committed or failed."""
+        lc = self.kernels.get(kernel_id)
+        task = None if lc is None else lc.suspend_task
+        if task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(task)
+
     def pinned(self) -> dict[str, dict[str, str]]:
         """Image id -> the kernel whose record names it and how (what GET /images shows).
         A checkpoint the user took stays theirs to delete (:meth:`release_checkpoint`)."""
@@ -321,6 +407,8 @@ class Lifecycles:
                 S.RESTORE_FAILED: "restore-failed",
             }.get(lc.state, "autosave")
             pins[lc.record["image_id"]] = {"state": how, "kernel_id": lc.kernel_id}
+            for kept in lc.record.get("keeps", []):
+                pins[kept] = {"state": "restore-failed", "kernel_id": lc.kernel_id}
         return pins
 
     def running_from(self) -> dict[str, list[str]]:
@@ -346,25 +434,71 @@ class Lifecycles:
     # -- records: the only writes ------------------------------------------------------------
 
     async def _put(self, lc: KernelLifecycle, record: dict[str, Any]) -> None:
-        """Replace the kernel's record; the in-memory copy follows only a committed put."""
-        await asyncio.to_thread(self.records.put, record)
+        """Replace the kernel's record; the in-memory copy follows only a committed put.
+        A caller cancelled meanwhile is cancelled once the put has landed (or failed):
+        a cancelled write never lands later (see :func:`_to_the_end`)."""
+        record, newer = await self._keeping(lc, record)
+        cancelled = await _to_the_end(lambda: self.records.put(record))
         lc.record = record
+        if newer:  # the kernel holds a state that came from the image it failed on
+            lc.unrestored = lc.restore_error = None
+            if lc.state is S.RESTORE_FAILED:
+                lc.move("newer state")
         if record.get("trigger") != "checkpoint":
             lc.before_checkpoint = None
         self._schedule_refresh(lc)  # cells that ran while it was written
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _keeping(
+        self, lc: KernelLifecycle, record: dict[str, Any]
+    ) -> tuple[dict[str, Any], bool]:
+        """The record to put for ``record``, and whether its image is a newer state of the
+        image the kernel's restore failed on.
+
+        A failed restore is not a newer state, and neither is what the kernel does without
+        that state: until an image that came from it (the user restored it with ``%ckpt
+        restore``, then saved) is recorded, every record of the kernel still restores it,
+        and keeps (pins) the kernel's own newest image beside it, so neither is lost."""
+        unrestored = lc.unrestored
+        image_id = record["image_id"]
+        if unrestored is None or image_id == unrestored:
+            return record, False
+        if await asyncio.to_thread(self._descends, image_id, unrestored):
+            return {k: v for k, v in record.items() if k != "keeps"}, True
+        earlier = (lc.record or {}).get("keeps", [])
+        keeps = [image_id, *(k for k in earlier if k not in (image_id, lc.autosave_image))]
+        return {**record, "image_id": unrestored, "keeps": keeps}, False
+
+    def _descends(self, image_id: str, ancestor: str) -> bool:
+        """Whether image ``image_id`` holds a state that came from ``ancestor``: it is
+        that image, or its parents (the image each save came from) lead to it."""
+        seen: set[str] = set()
+        current: str | None = image_id
+        while current is not None and current not in seen:
+            if current == ancestor:
+                return True
+            seen.add(current)
+            try:
+                current = self.store.load_manifest(current).get("parent")
+            except CkptError:
+                return False
+        return False
 
     async def _drop(self, lc: KernelLifecycle) -> None:
         """Remove the kernel's record: only for a state its user gave up."""
         if lc.record is None:
             return
         try:
-            await asyncio.to_thread(self.records.delete, lc.kernel_id)
+            cancelled = await _to_the_end(lambda: self.records.delete(lc.kernel_id))
         except FileNotFoundError:
-            pass
+            cancelled = False
         except (CkptError, OSError) as exc:
             self.log.warning("Could not remove the record of kernel %s: %s", lc.kernel_id, exc)
             return
         lc.record = None
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _base_record(self, lc: KernelLifecycle, image_id: str) -> dict[str, Any]:
         kernel = self.km.get_kernel(lc.kernel_id)
@@ -497,8 +631,9 @@ class Lifecycles:
     async def started(self, kernel_id: str, launch: dict[str, Any]) -> None:
         """A kernel process started (fresh, restarted, or for a restore): wait until the
         server's watch receives its messages before it is handed out; start the process
-        again, on new ports, while it cannot answer (see :mod:`.kernelprocess`: it holds
-        no state yet, and every client would wait for it in vain)."""
+        again, on new ports, only on evidence that it cannot answer (see
+        :mod:`.kernelprocess`: it holds no state yet, and every client would wait for it
+        in vain). A silent process is slow: it is waited for, never killed."""
         lc = self.kernels.setdefault(kernel_id, KernelLifecycle(kernel_id, S.RUNNING))
         lc.launch = launch
         kernel = self.km.get_kernel(kernel_id)
@@ -535,11 +670,16 @@ class Lifecycles:
 
         while lc.stream is not None and not joined():
             waited = time.monotonic() - begun
-            if waited > JOIN_TIMEOUT:
-                return f"no message within {JOIN_TIMEOUT:.0f} s"
+            if waited > JOIN_TIMEOUT:  # slow, and handed out: its first cell may go unseen
+                self.log.warning(
+                    "Kernel %s said nothing within %.0f s; the server may miss its cells",
+                    lc.kernel_id,
+                    JOIN_TIMEOUT,
+                )
+                return None
             if problem := kernelprocess.cannot_answer(kernel, watched, waited > SILENT_AFTER):
                 return problem
-            # ask until the next look at its process (each second once it should listen)
+            # ask until the next look at its ports (each second once it has been silent)
             until_look = min(max(SILENT_AFTER - waited, 1.0), JOIN_TIMEOUT - waited)
             with contextlib.suppress(SuspendFailed):  # no answer yet, or its process exited
                 lc.kernel_info = await self.rpc.request(lc.kernel_id, "kernel_info", until_look)
@@ -618,7 +758,7 @@ class Lifecycles:
         async with lc.lock:
             await self._drop(lc)
             lc.move("restart")
-            lc.recovered = lc.restore_error = lc.autosave_image = None
+            lc.recovered = lc.restore_error = lc.autosave_image = lc.unrestored = None
             lc.executed = []
 
     async def update_env(self, kernel_id: str, env: dict[str, str]) -> None:
@@ -714,7 +854,8 @@ class Lifecycles:
                     # the user's save found the autosave's state: the next autosave must
                     # not remove the image this save returned
                     lc.autosave_image = None
-                if lc.state is S.RUNNING:  # recoverable from it at once, as from an autosave
+                # recoverable from it at once, as from an autosave
+                if lc.state in (S.RUNNING, S.RESTORE_FAILED):
                     await self._record_checkpoint(lc, summary)
         except SuspendFailed as exc:
             self.events.failure("checkpoint", kernel_id, "api", exc, started)
@@ -775,6 +916,9 @@ class Lifecycles:
         when it fails."""
         try:
             await asyncio.to_thread(self.store.verify, image_id)
+        except StoreError as exc:  # the store failed, not the image: it is kept
+            why = f"the image could not be verified: {exc}"
+            raise StoreFailed(why, type(exc).__name__) from exc
         except CkptError as exc:
             if not written:
                 msg = f"the kernel's newest image failed verification: {exc}"
@@ -813,7 +957,7 @@ class Lifecycles:
     def start_autosave(self, kernel_id: str) -> asyncio.Task[None] | None:
         """Autosave a running kernel in the background unless another action holds it."""
         lc = self.kernels.get(kernel_id)
-        if lc is None or lc.state is not S.RUNNING or lc.lock.locked() or lc.autosave:
+        if lc is None or not lc.saves_itself or lc.lock.locked() or lc.autosave:
             return None
         lc.autosave = asyncio.ensure_future(self._autosave(lc))
         lc.autosave.add_done_callback(lambda _: setattr(lc, "autosave", None))
@@ -823,7 +967,7 @@ class Lifecycles:
         started = time.perf_counter()
         kernel_id = lc.kernel_id
         async with lc.lock:
-            if lc.state is not S.RUNNING:
+            if not lc.saves_itself:
                 return
             lc.move("autosave")
             written = None
@@ -862,8 +1006,10 @@ class Lifecycles:
                 return
             finally:
                 if lc.state is S.AUTOSAVING:
-                    lc.move("autosaved")
-                if written is not None:  # written but not recorded: not offered for restore
+                    lc.move("autosaved" if lc.unrestored is None else "autosaved, unrestored")
+                # written but not recorded: not offered for restore (a put that landed
+                # as the autosave was cancelled recorded it: it is kept)
+                if written is not None and not lc.records_name(written):
                     await asyncio.to_thread(self.forget_image, written)
         self.saver.report(kernel_id, summary, started)
 
@@ -965,7 +1111,7 @@ class Lifecycles:
             if lc.cells != cells or busy:
                 raise Aborted("a client ran a cell while the kernel was being suspended")
         except (SuspendFailed, CkptError, OSError) as exc:
-            lc.state = was
+            lc.state = S.RUNNING if lc.unrestored is None else was
             if recorded:
                 await self._put_back(lc, previous)
             if written is not None:
@@ -1010,7 +1156,7 @@ class Lifecycles:
         """Undo an aborted suspend's record: the record it replaced, or none."""
         try:
             if previous is None:
-                await asyncio.to_thread(self.records.delete, lc.kernel_id)
+                await _to_the_end(lambda: self.records.delete(lc.kernel_id))
                 lc.record = None
             else:
                 await self._put(lc, previous)
@@ -1147,7 +1293,7 @@ class Lifecycles:
                     f"kernel_id={kernel_id!r}, notebook={notebook!r})"
                 )
                 timeline.mark("restore request sent")
-                report.update(await self.rpc.call(kernel_id, call, self.policy.checkpoint_timeout))
+                report.update(await self._read_image(lc, call, timeline))
             timeline.kernel_steps(report.pop("steps", {}))
             report["error"] = None
         except Aborted as exc:
@@ -1165,19 +1311,55 @@ class Lifecycles:
         lc.recovered = None
         if report["error"]:
             # The kernel runs without its state; the record stays, and with it the image's
-            # pin, so that retention and DELETE keep the image for a retry or a resume.
+            # pin, so that retention and DELETE keep the image for a retry or a resume;
+            # so do the records it writes until it holds a newer state of that image.
             lc.move("restore-failed")
             lc.restore_error = report["error"]
+            lc.unrestored = record["image_id"]
             self.events.failure(
                 "restore", kernel_id, trigger, SuspendFailed(report["error"]), started
             )
             return report
         lc.move("restored")
+        lc.unrestored = None
         ready.set_result(report)  # its clients run their cells while the record is written
         await self._restored(lc, record["image_id"])
         timeline.mark("record written")
         self._background(self._report_restore(lc, trigger, report, timeline, lc.delivered))
         return report
+
+    async def _read_image(
+        self, lc: KernelLifecycle, call: str, timeline: Timeline
+    ) -> dict[str, Any]:
+        """The kernel's restore of its image. A store that cannot be reached meanwhile is
+        waited for, and the restore tried again, while the cell that woke the kernel
+        waits (within ``checkpoint_timeout``, each wait shown as the restore's
+        progress): an outage of seconds must not hand out an empty kernel."""
+        deadline = time.monotonic() + self.policy.checkpoint_timeout
+        delay = RESTORE_RETRY_FIRST
+        while True:
+            try:
+                return await self.rpc.call(lc.kernel_id, call, self._timeout(deadline))
+            except SuspendFailed as exc:
+                if not _store_unreachable(exc) or time.monotonic() + delay > deadline:
+                    raise
+                why = f"the store did not answer ({exc}); trying again in {delay:.0f} s"
+            self._check(lc)
+            timeline.mark("store unreachable: waited")
+            self.log.warning("Restoring kernel %s: %s", lc.kernel_id, why)
+            if self.progress.emit is not None:
+                self.progress.emit(
+                    {
+                        "action": "progress",
+                        "status": "running",
+                        "phase": "restore",
+                        "kernel_id": lc.kernel_id,
+                        "msg": why,
+                    }
+                )
+            await asyncio.sleep(delay)
+            self._check(lc)
+            delay = min(delay * 2, RESTORE_RETRY_MAX)
 
     def keep_standby(self) -> None:
         """A process standing by for each spec of the kernels suspended or being
@@ -1356,7 +1538,7 @@ class Lifecycles:
                 async with lc.lock:
                     await self._drop(lc)
                     lc.state = S.RUNNING
-                    lc.restore_error = None
+                    lc.restore_error = lc.unrestored = None
 
     # -- sessions, records of an earlier server ------------------------------------------------
 

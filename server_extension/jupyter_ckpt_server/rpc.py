@@ -17,7 +17,14 @@ from typing import Any
 from jupyter_client.session import Session
 from jupyter_core.utils import ensure_async
 
-from jupyter_ckpt.errors import CkptError
+from jupyter_ckpt.errors import (
+    CkptError,
+    StoreError,
+    StoreFull,
+    StorePermission,
+    StoreReadOnly,
+    StoreUnavailable,
+)
 from jupyter_ckpt.gpu import GpuProbe, GpuSnapshot, GpuUsage
 
 # seconds between two checks that a kernel we wait for is still alive
@@ -36,6 +43,27 @@ class SuspendFailed(CkptError):
     def __init__(self, message: str, lost: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.lost = lost or {}
+
+
+class StoreFailed(SuspendFailed):
+    """The store failed the kernel's save or restore (unreachable, read-only, full, or
+    refusing the user): the store's failure, not the kernel's. ``kind``: the name of the
+    :class:`~jupyter_ckpt.errors.StoreError` the kernel (or the server) met."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# the StoreErrors a kernel may name, by their type's name
+_STORE_ERRORS = frozenset(
+    cls.__name__
+    for cls in (StoreError, StoreUnavailable, StoreReadOnly, StorePermission, StoreFull)
+)
+
+
+def _failed(message: str, kind: str) -> SuspendFailed:
+    return StoreFailed(message, kind) if kind in _STORE_ERRORS else SuspendFailed(message)
 
 
 class NothingToSave(SuspendFailed):
@@ -188,11 +216,11 @@ class KernelRPC:
                     "the kernel's environment lacks jupyter_ckpt "
                     "(pip install jupyter-ckpt in the kernel's environment)"
                 )
-            raise SuspendFailed(f"{ename}: {evalue}")
+            raise _failed(f"{ename}: {evalue}", ename)
         # text/plain is the repr of the JSON string: literal_eval reads it, runs nothing
         value = json.loads(ast.literal_eval(result["data"]["text/plain"]))
         if isinstance(value, dict) and value.get("error"):  # failed, and said why
-            raise SuspendFailed(value["error"])
+            raise _failed(value["error"], value.get("error_type", ""))
         return value
 
     def pid(self, kernel_id: str) -> int | None:

@@ -9,8 +9,9 @@ until it succeeds. The log gets one line per change of health, not one per attem
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -40,6 +41,7 @@ class StoreHealth:
         self.error: str | None = None
         self.since = _now()
         self._task: asyncio.Task[None] | None = None
+        self._back = asyncio.Event()  # another operation saw the store answer
 
     def to_json(self) -> dict[str, Any]:
         return {"url": self.url, "ok": self.ok, "error": self.error, "since": self.since}
@@ -61,6 +63,16 @@ class StoreHealth:
                 message,
             )
 
+    def saw(self, error: BaseException | None, what: str) -> None:
+        """The outcome of an operation the server did on the store anyway (a save): a
+        failure makes the store not ok (a store that refuses writes while it reads is
+        not); a success, while an operation is being retried, has that one tried at once
+        (its success says the store is back), else says the store answers."""
+        if error is None and self._task is not None and not self._task.done():
+            self._back.set()
+            return
+        self.record(error, what)
+
     async def attempt(self, operation: Callable[[], Awaitable[None]], what: str) -> bool:
         """Run ``operation`` once; True if it succeeded."""
         try:
@@ -77,13 +89,21 @@ class StoreHealth:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._retry(operation, what))
 
-    async def _retry(self, operation: Callable[[], Awaitable[None]], what: str) -> None:
+    def delays(self) -> Iterator[float]:
+        """The waits before each retry: ``first_delay``, doubled after each failure, up to
+        ``max_delay`` (after a long outage the store's return is seen within it)."""
         delay = self.first_delay
         while True:
-            await asyncio.sleep(delay)
+            yield delay
+            delay = min(delay * 2, self.max_delay)
+
+    async def _retry(self, operation: Callable[[], Awaitable[None]], what: str) -> None:
+        for delay in self.delays():
+            self._back.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._back.wait(), delay)
             if await self.attempt(operation, what):
                 return
-            delay = min(delay * 2, self.max_delay)
 
     async def stop(self) -> None:
         """Stop retrying (the server is stopping)."""

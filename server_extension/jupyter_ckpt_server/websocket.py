@@ -12,6 +12,15 @@ while the user types. Any other message (the debugger's other requests, a shutdo
 interrupt request) waits, without waking the kernel, until it is restored.
 Queued messages are then handed, in order, to the server's ordinary connection, which
 takes over the socket.
+
+A socket opened while the kernel is being suspended is served here too, never attached to
+the process being suspended: its messages wait for the suspend's end (a cell aborts the
+suspend), then go to the process that answers them, the running kernel's or the
+restored one's. A socket attached to the process, which the suspend closes once it has
+committed, may still bring a message before its client has seen the close: that message
+goes to the restored kernel too, and its reply waits for the client's reconnect. So a
+message accepted for a kernel is delivered to the process that will answer it, or the
+suspend aborts.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
+from .lifecycle import State
 from .startup import records_loaded
 
 V1 = "v1.kernel.websocket.jupyter.org"
@@ -120,10 +130,13 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         self._pending: set[asyncio.Task[None]] = set()  # history replies being read
         self._probes: set[str | None] = set()  # ids of the PROBE_COMMS comms closed here
         self._closed = False
+        # messages that came while the kernel was being suspended, until its suspend ends
+        self._held: list[str | bytes] | None = None
 
     @property
     def _protocol(self) -> str | None:
-        return self.websocket_handler.selected_subprotocol
+        # as chosen at the handshake: tornado forgets it once the socket is closing
+        return cast(CkptKernelWebsocketHandler, self.websocket_handler).subprotocol
 
     async def connect(self) -> None:
         counts = self.manager.kernel_manager.suspended_connections
@@ -150,6 +163,16 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
 
     def handle_incoming_message(self, incoming_msg: str | bytes) -> None:
         channel, header = parse_ws_message(incoming_msg, self._protocol)
+        waking = channel == "shell" and header.get("msg_type") in WAKING
+        lifecycles = self.manager.lifecycles
+        if self._held is not None or (
+            self._upgrade is None and lifecycles.state(self.kernel_id) is State.SUSPENDING
+        ):
+            if waking:  # the user needs the kernel: the suspend stops at its next step
+                self.manager.note_client_message(self.kernel_id)
+            self._hold(incoming_msg)
+            return
+        self.manager.note_client_message(self.kernel_id)
         # another client may have restored the kernel meanwhile: then just hand over
         suspended = self.manager.kernel_manager.is_suspended(self.kernel_id)
         if self._upgrade is None and suspended:
@@ -172,8 +195,25 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
             ):
                 return
         self._queue.append(incoming_msg)
-        if not suspended or (channel == "shell" and header.get("msg_type") in WAKING):
+        if not suspended or waking:
             self._start_restore("message")
+
+    def _hold(self, incoming_msg: str | bytes) -> None:
+        """Keep a message until the suspend under way ends, then handle it (and those
+        after it, in order) as the kernel's state then says."""
+        if self._held is not None:
+            self._held.append(incoming_msg)
+            return
+        self._held = [incoming_msg]
+
+        async def release() -> None:
+            await self.manager.lifecycles.suspend_ended(self.kernel_id)
+            held, self._held = self._held or [], None
+            for message in held:
+                self.handle_incoming_message(message)
+
+        self._pending.add(task := asyncio.ensure_future(release()))
+        task.add_done_callback(self._pending.discard)
 
     def _is_probe(self, incoming_msg: str | bytes, header: dict[str, Any]) -> bool:
         """Whether a comm message belongs to a PROBE_COMMS comm; its opening is answered by
@@ -250,6 +290,8 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
             await self._all_connected.setdefault(self.kernel_id, asyncio.Event()).wait()
 
     def _send(self, channel: str, msg: dict[str, Any]) -> None:
+        if self._closed:
+            return  # its client reconnects, and asks again
         if self._protocol == V1:
             data = serialize_msg_to_ws_v1(msg, channel, self.session.pack)
             self.websocket_handler.write_message(data, binary=True)
@@ -267,17 +309,54 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         handler = self.websocket_handler
         try:
             report = await restored
-            if not self._closed:
+            superseded = self._superseded()
+            if not self._closed and not superseded:
                 await self._hand_over(report)
             elif self._queue:
                 await self._deliver_offline()
+            if superseded:  # the client has a newer socket: this one is stale
+                self.disconnect()
+                handler.close()
             self.manager.lifecycles.delivered(self.kernel_id)
         except Exception as exc:
             self.log.error("Restore of kernel %s failed: %s", self.kernel_id, exc)
-            self._write_error(f"jupyter-ckpt: the kernel could not be started again: {exc}")
-            handler.close()
+            if self.kernel_id not in self.manager.kernel_manager:  # shut down meanwhile
+                self._write_error(f"jupyter-ckpt: the kernel could not be started again: {exc}")
+                handler.close()
+            else:  # it stays suspended: the cells say why, and the next one tries again
+                self._answer_failed(f"the kernel could not be started again: {exc}")
         finally:
             self._connected_to_kernel()
+
+    def _answer_failed(self, why: str) -> None:
+        """Answer the queued requests as a kernel whose cell failed would: an error
+        reply to each (and the error as the cell's output), so that no cell waits."""
+        queued, self._queue = self._queue, []
+        self._upgrade = None
+        error = {"ename": "RestoreFailed", "evalue": why, "traceback": [f"jupyter-ckpt: {why}"]}
+        for message in queued:
+            channel, header = parse_ws_message(message, self._protocol)
+            msg_type = header.get("msg_type", "")
+            if not msg_type.endswith("_request"):
+                continue
+            busy = self.session.msg("status", {"execution_state": "busy"}, parent=header)
+            self._send("iopub", busy)
+            if msg_type == "execute_request":
+                self._send("iopub", self.session.msg("error", error, parent=header))
+            reply = {"status": "error", **error}
+            self._reply(channel, header, msg_type.replace("_request", "_reply"), reply)
+
+    def _superseded(self) -> bool:
+        """Whether another socket of this client's session is attached to the kernel: one
+        it opened since (a reconnect while the server had not seen this socket drop).
+        Handing this one over would replace that one as stale, and its replies with it."""
+        from jupyter_server.services.kernels.connection.channels import (
+            ZMQChannelsWebsocketConnection,
+        )
+
+        key = f"{self.kernel_id}:{self.session.session}"
+        live = ZMQChannelsWebsocketConnection._open_sessions.get(key)
+        return live is not None and live is not self.websocket_handler
 
     async def _hand_over(self, report: dict[str, Any]) -> None:
         handler = cast(KernelWebsocketHandler, self.websocket_handler)
@@ -379,6 +458,13 @@ def restore_message(report: dict[str, Any]) -> str:
 class CkptKernelWebsocketHandler(KernelWebsocketHandler):
     """The kernels websocket, accepting connections to suspended kernels."""
 
+    _ckpt_diverted: SuspendedConnection | None = None
+    subprotocol: str | None = None  # the socket's, chosen at the handshake
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        self.subprotocol = super().select_subprotocol(subprotocols)
+        return self.subprotocol
+
     @property
     def ckpt(self) -> Any:
         return self.settings["jupyter_ckpt_manager"]
@@ -386,7 +472,7 @@ class CkptKernelWebsocketHandler(KernelWebsocketHandler):
     async def pre_get(self) -> None:
         await records_loaded(self.settings)
         ckpt = self.ckpt
-        if not ckpt.kernel_manager.is_suspended(self.kernel_id):
+        if not ckpt.lifecycles.holds_sockets(self.kernel_id):
             return await super().pre_get()
         authorized = await ensure_async(
             self.authorizer.is_authorized(self, self.current_user, "execute", "kernels")
@@ -405,5 +491,37 @@ class CkptKernelWebsocketHandler(KernelWebsocketHandler):
             self.connection.session.session = session_id
 
     def on_message(self, ws_message: str | bytes) -> None:
-        self.ckpt.note_client_message(self.kernel_id)
+        if not isinstance(self.connection, SuspendedConnection):  # it says which count
+            self.ckpt.note_client_message(self.kernel_id)
+            if self._process_stopping():
+                self._diverted().handle_incoming_message(ws_message)
+                return
         super().on_message(ws_message)
+
+    def _process_stopping(self) -> bool:
+        """Whether this socket's process is being stopped under it: a suspend committed
+        and closed the socket, and its client has not seen the close yet."""
+        if self.ws_connection is not None and not self.ws_connection.is_closing():
+            return False
+        ckpt = self.ckpt
+        return ckpt.kernel_manager.is_suspended(self.kernel_id) or (
+            ckpt.lifecycles.restore_under_way(self.kernel_id)
+            and not ckpt.lifecycles.holds_sockets(self.kernel_id)
+        )
+
+    def _diverted(self) -> SuspendedConnection:
+        """A connection of this socket's session to the suspended kernel, for what the
+        client sent before it saw the close: it goes to the restored kernel, and the
+        replies wait for the client's reconnect (the socket is closing)."""
+        diverted = self._ckpt_diverted
+        if diverted is None:
+            diverted = self._ckpt_diverted = SuspendedConnection(
+                parent=None,
+                websocket_handler=self,
+                kernel_id=self.kernel_id,
+                manager=self.ckpt,
+                config=self.config,
+            )
+            diverted.session.session = self.connection.session.session
+            diverted._closed = True
+        return diverted

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import psutil
 import pytest
+from deadlines import scaled
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 from jupyter_server.auth.authorizer import Authorizer
@@ -34,8 +35,9 @@ from jupyter_ckpt.store import ImageStore
 
 
 async def poll(condition: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
-    """Wait for ``condition()`` to be truthy (awaiting it if it returns an awaitable)."""
-    deadline = time.monotonic() + timeout
+    """Wait for ``condition()`` to be truthy (awaiting it if it returns an awaitable);
+    ``timeout``: seconds on an idle machine (see :mod:`deadlines`)."""
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         value = condition()
         if isinstance(value, Awaitable):
@@ -89,7 +91,7 @@ class Client:
         return msg["header"]["msg_id"]
 
     async def receive(self, timeout: float = 60) -> dict[str, Any]:
-        raw = await asyncio.wait_for(self.ws.read_message(), timeout)
+        raw = await asyncio.wait_for(self.ws.read_message(), scaled(timeout))
         if raw is None:
             raise ConnectionError("the server closed the websocket")
         if self.subprotocol:
@@ -111,7 +113,7 @@ class Client:
         self, msg_id: str, timeout: float = 60, channel: str = "shell"
     ) -> dict[str, Any]:
         """The reply to ``msg_id``; iopub messages meanwhile stay in ``received``."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while True:
             msg = await self.receive(max(0.1, deadline - time.monotonic()))
             if msg["channel"] == channel and msg["parent_header"].get("msg_id") == msg_id:

@@ -355,3 +355,27 @@ async def test_unsaveable_variables_say_wont_suspend_up_front(
         return km.is_suspended(kernel_id)
 
     await poll(suspended, what="the suspension once the variables are gone")
+
+
+async def test_a_busy_thread_shows_in_a_tick_that_does_not_ask_the_kernel(
+    jp_fetch, connect, monitor, monkeypatch
+):
+    """A tick asks a few kernels at most to name their busy threads: one it does not ask
+    still shows its busy thread in its status (as named before, or by its id), so the
+    work is never taken for idleness."""
+    monkeypatch.setattr("jupyter_ckpt_server.monitor.MAX_ASKS_PER_TICK", 0)
+    kernel_id = await start_kernel(jp_fetch)
+    client = await connect(kernel_id)
+    reply, _ = await client.execute(
+        SETUP.format(steps=STEPS, progress="unused")
+        + "import threading\nthreading.Thread(target=spin, args=(60,), daemon=True).start()\n"
+    )
+    assert reply["status"] == "ok"
+
+    async def shown() -> list[str]:
+        await monitor.tick()
+        (status,) = monitor.assess_all(kernel_ids=[kernel_id])
+        return status.background_work
+
+    work = await poll(shown, timeout=30, what="the busy thread in the status")
+    assert any("thread" in w for w in work), work

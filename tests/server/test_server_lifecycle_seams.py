@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import json
 import queue
+import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 from harness import tmpfs
+from jupyter_ckpt_server.lifecycle import State
 from jupyter_ckpt_server.manager import CkptManager
 from jupyter_client.asynchronous import AsyncKernelClient
 from server_helpers import (
@@ -31,14 +34,16 @@ from server_helpers import (
     at_step,
     get_json,
     poll,
+    python_kernelspec,
     start_session,
     stored_record,
     text_of,
 )
 from test_server_crash import AUTOSAVE
 from tornado.httpclient import HTTPClientError
+from tornado.websocket import WebSocketClosedError
 
-from jupyter_ckpt.errors import CkptError
+from jupyter_ckpt.errors import CkptError, ImageNotFound
 from jupyter_ckpt.store import ImageStore
 
 
@@ -588,10 +593,18 @@ async def test_a_suspend_waits_out_the_servers_own_call_but_not_a_cells(jp_fetch
 
 # What the first process of a kernel does, once, before it says anything: find a port the
 # server chose for it already taken (as another process may take it between the server's
-# choice and the kernel's bind: ipykernel exits), or hang before it binds its ports (as
-# ipykernel was seen to do after that same error on a loaded machine).
+# choice and the kernel's bind: ipykernel exits), or find one held by another process
+# and hang (as ipykernel was seen to do after that same error on a loaded machine). The
+# holder outlives a shell that exits at once: it is no process of the kernel's.
 FIRST_PROCESS_FAULTS = {
-    "hangs": "__import__('time').sleep(3600)",
+    "port-held": (
+        "import json, subprocess, sys, time\n"
+        "    info = json.load(open(sys.argv[sys.argv.index('-f') + 1]))\n"
+        "    hold = ('import socket, time; s = socket.socket(); s.bind((%r, %d)); '\n"
+        "            's.listen(); time.sleep(120)') % (info['ip'], info['stdin_port'])\n"
+        "    subprocess.run(['sh', '-c', '\"$0\" -S -c \"$1\" &', sys.executable, hold])\n"
+        "    time.sleep(3600)"
+    ),
     "port-taken": (
         "import json, socket, sys\n"
         "    info = json.load(open(sys.argv[sys.argv.index('-f') + 1]))\n"
@@ -602,14 +615,15 @@ FIRST_PROCESS_FAULTS = {
 
 
 @pytest.mark.parametrize(
-    ("start", "fault"), [("restore", "port-taken"), ("restore", "hangs"), ("fresh", "hangs")]
+    ("start", "fault"),
+    [("restore", "port-taken"), ("restore", "port-held"), ("fresh", "port-held")],
 )
 async def test_a_kernel_process_that_cannot_answer_is_started_again(
     jp_fetch, connect, tmp_path, monkeypatch, start, fault
 ):
-    """A kernel's first process, started fresh or for a restore, exits or hangs before
-    it says anything: another process is started on new ports, and the
-    kernel comes up (restored) in it, well before the join timeout."""
+    """A kernel's first process, started fresh or for a restore, exits, or hangs with one
+    of its ports held by another process, before it says anything: another process is
+    started on new ports, and the kernel comes up (restored) in it."""
     if start == "restore":
         _, kernel_id = await suspended_kernel(jp_fetch, connect)
     site = tmp_path / "fails-once"
@@ -632,8 +646,9 @@ async def test_a_kernel_process_that_cannot_answer_is_started_again(
 
 
 async def test_a_kernel_slow_to_start_is_waited_for(jp_fetch, connect, tmp_path, monkeypatch):
-    """A kernel whose startup files take long listens on its ports meanwhile: the server
-    waits for it rather than starting it again."""
+    """A kernel whose startup files take longer than the server waits for its first
+    message listens on its ports meanwhile: the server hands it out, never starts it
+    again (which would run the startup files again, and kill them midway)."""
     startup = tmp_path / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     starts = tmp_path / "starts"
@@ -642,6 +657,211 @@ async def test_a_kernel_slow_to_start_is_waited_for(jp_fetch, connect, tmp_path,
     )
     monkeypatch.setenv("IPYTHONDIR", str(startup.parent.parent))
     monkeypatch.setattr("jupyter_ckpt_server.lifecycle.SILENT_AFTER", 0.5)
+    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.JOIN_TIMEOUT", 2.0)
     _, kernel_id = await start_session(jp_fetch, "slow.ipynb")
     assert await value_in(connect, kernel_id, "1 + 1") == "2"
     assert starts.read_text().splitlines() == ["started"]
+
+
+async def test_a_kernel_whose_launcher_is_slow_is_waited_for(
+    jp_fetch, connect, jp_data_dir, tmp_path, monkeypatch
+):
+    """A kernelspec whose launcher takes a while before it starts ipykernel (a shell that
+    prepares an environment): the process listens on nothing meanwhile, which is no
+    evidence that it cannot answer; it is started once."""
+    starts = tmp_path / "starts"
+    launcher = (
+        f'echo started >> {starts}; sleep 3; exec "{sys.executable}" -m ipykernel_launcher -f "$0"'
+    )
+    python_kernelspec(
+        jp_data_dir, "slow-launcher", "Slow launcher", ["sh", "-c", launcher, "{connection_file}"]
+    )
+    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.SILENT_AFTER", 0.5)
+    body = {"path": "slow.ipynb", "type": "notebook", "kernel": {"name": "slow-launcher"}}
+    response = await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    kernel_id = json.loads(response.body)["kernel"]["id"]
+    assert await value_in(connect, kernel_id, "1 + 1") == "2"
+    assert starts.read_text().splitlines() == ["started"]
+
+
+# -- 13. a record put under way when the autosave that wrote it is cancelled ------------------
+
+
+def slow_record_puts(monkeypatch: Any, manager: CkptManager, seconds: float) -> list[Any]:
+    """Record writes to the server's store take ``seconds`` (an object store's latency);
+    the list gets ``"begun"`` and then ``"landed"`` (or ``"failed"``) per write."""
+    backend = manager.store.backend
+    write = backend.write_atomic
+    writes: list[Any] = []
+
+    def slow(path: str, data: Any) -> None:
+        if not path.startswith("kernels/"):
+            return write(path, data)
+        writes.append("begun")
+        time.sleep(seconds)
+        try:
+            write(path, data)
+        except BaseException:
+            writes.append("failed")
+            raise
+        writes.append("landed")
+
+    monkeypatch.setattr(backend, "write_atomic", slow)
+    return writes
+
+
+async def test_a_shutdown_during_an_autosaves_record_put_leaves_no_record(
+    jp_fetch, connect, manager, monkeypatch
+):
+    """The user shuts a kernel down while its autosave's record is being put: once the
+    shutdown answered, the put has landed or failed, and the shutdown removed what it
+    wrote. A put that landed afterwards would make a new server list the shut-down
+    kernel as crashed, and fail its restore (its image was removed)."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    client.close()
+    writes = slow_record_puts(monkeypatch, manager, 2)
+    assert manager.lifecycles.start_autosave(kernel_id) is not None
+    await poll(lambda: writes, timeout=60, what="the autosave's record put to begin")
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    answered_while = writes[-1]
+    await poll(lambda: writes[-1] != "begun", timeout=30, what="the record put to end")
+    assert answered_while != "begun", "the shutdown answered while the record put was under way"
+    with pytest.raises(ImageNotFound):
+        fresh_store(manager).records.get(kernel_id)
+
+
+# -- 14. a socket opened while a suspend commits ----------------------------------------------
+
+
+async def test_a_cell_on_a_socket_opened_during_a_suspend_is_answered(jp_fetch, connect, manager):
+    """A websocket opened while a suspend is under way, whose cell comes once the suspend
+    has committed (the process is being stopped), gets the cell's reply, from the
+    restored kernel: the socket was never attached to the process being stopped, which
+    would have run the cell and died under it."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    client.close()
+    late: list[Any] = []
+
+    async def open_socket() -> None:
+        late.append(await connect(kernel_id))
+
+    at_step(manager, "recorded", open_socket)
+    suspend = ("api", "ckpt", "kernels", kernel_id, "suspend")
+    answer = asyncio.ensure_future(status_of(jp_fetch(*suspend, method="POST", body="")))
+    lifecycles = manager.lifecycles
+    await poll(
+        lambda: lifecycles.state(kernel_id) is State.SUSPENDED or answer.done(),
+        timeout=60,
+        what="the suspend to commit",
+    )
+    try:
+        msg_id = late[0].send("execute_request", {"code": "x + 1", "silent": False})
+        reply = await late[0].reply_to(msg_id, timeout=60)
+    except (WebSocketClosedError, ConnectionError, asyncio.TimeoutError) as exc:
+        pytest.fail(f"the suspend answered {await answer}; the cell got no reply: {exc!r}")
+    assert reply["content"]["status"] == "ok", reply["content"]
+    assert (await answer)[0] == 200
+
+
+async def test_a_cell_sent_as_a_suspend_closes_its_socket_is_answered_on_reconnect(
+    jp_fetch, connect, manager
+):
+    """A cell a client sends once the suspend has committed, before it has seen the
+    server close its socket (the server's own calls left it messages to read first), runs
+    in the restored kernel, and its reply reaches the client's reconnect with its session:
+    the process the socket was attached to is being stopped, and would die under it."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    await client.execute("x = 41")
+    suspend = ("api", "ckpt", "kernels", kernel_id, "suspend")
+    answer = asyncio.ensure_future(status_of(jp_fetch(*suspend, method="POST", body="")))
+    await poll(
+        lambda: manager.lifecycles.state(kernel_id) is State.SUSPENDED or answer.done(),
+        timeout=60,
+        what="the suspend to commit",
+    )
+    assert not answer.done(), f"the suspend answered {answer.result()} before it stopped the kernel"
+    msg_id = client.send("execute_request", {"code": _SLOW_CELL, "silent": False})
+    with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
+        while True:  # what the old socket brings, to its close
+            await client.receive(timeout=30)
+    replies = [m for m in client.received if m["parent_header"].get("msg_id") == msg_id]
+    if not any(m["channel"] == "shell" for m in replies):
+        again = await connect(kernel_id, session_id=client.session.session)
+        try:
+            await again.reply_to(msg_id, timeout=60)
+        except asyncio.TimeoutError:
+            pytest.fail(f"the suspend answered {await answer}; the cell got no reply")
+    assert (await answer)[0] == 200
+
+
+# a cell still running when a process that got it is told to stop
+_SLOW_CELL = "import time\ntime.sleep(1)\nx + 1"
+
+
+# -- 15. a restore whose kernel cannot start --------------------------------------------------
+
+
+async def test_a_cell_whose_kernel_cannot_start_gets_an_error_reply(
+    jp_fetch, connect, jp_data_dir, manager
+):
+    """The kernel a cell wakes cannot start (its kernel spec is gone, and no process
+    stands by for it): the cell gets an error reply that says why, the socket stays
+    open, and the kernel stays suspended with its image, restored by the next cell once
+    it can start."""
+    manager.standby_kernel = False
+    spec = python_kernelspec(
+        jp_data_dir,
+        "goes-away",
+        "Goes away",
+        [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    )
+    body = {"path": "away.ipynb", "type": "notebook", "kernel": {"name": spec}}
+    response = await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    kernel_id = json.loads(response.body)["kernel"]["id"]
+    assert await value_in(connect, kernel_id, "x = 41; x") == "41"
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    spec_dir = jp_data_dir / "kernels" / spec
+    kept = spec_dir.with_name("kept")
+    spec_dir.rename(kept)
+    client = await connect(kernel_id)
+    msg_id = client.send("execute_request", {"code": "x + 1", "silent": False})
+    try:
+        reply = await client.reply_to(msg_id, timeout=60)
+    except (ConnectionError, asyncio.TimeoutError) as exc:
+        pytest.fail(f"the cell got no reply: {exc!r}")
+    content = reply["content"]
+    assert (content["status"], spec in content["evalue"]) == ("error", True), content
+    model = await get_json(jp_fetch, "api", "kernels", kernel_id)
+    assert model["ckpt"]["state"] == "suspended", model
+    kept.rename(spec_dir)
+    _, outputs = await client.execute("x + 1")
+    assert text_of(outputs).splitlines()[-1] == "42"
+
+
+async def test_a_cell_reaches_the_socket_that_replaced_its_stale_one(jp_fetch, connect, manager):
+    """The client's socket dropped without the server seeing it (a network blip), with a
+    cell that wakes the kernel sent; the client reconnects with the same session while
+    the restore runs, and the server replaces the stale socket: the cell's reply reaches
+    the new socket, not the stale one that the server closes."""
+    _, kernel_id = await suspended_kernel(jp_fetch, connect)
+    first = await connect(kernel_id)
+    second: list[Any] = []
+
+    async def reconnect() -> None:
+        second.append(await connect(kernel_id, session_id=first.session.session))
+
+    at_step(manager, "restore", reconnect)
+    msg_id = first.send("execute_request", {"code": "x + 1", "silent": False})
+    await poll(lambda: second, timeout=60, what="the reconnect during the restore")
+    try:
+        reply = await second[0].reply_to(msg_id, timeout=30)
+    except (ConnectionError, asyncio.TimeoutError) as exc:
+        pytest.fail(
+            f"the cell's reply did not reach the socket that replaced the stale one: {exc!r}"
+        )
+    assert reply["content"]["status"] == "ok", reply["content"]

@@ -3,7 +3,10 @@
 Hypothesis drives a real `jupyter server` process (SIGKILLed, stopped and started again on
 the same store), real ipykernel kernels and the real store through public surfaces only:
 the kernels, sessions and ckpt REST APIs, kernel websockets, signals to the server, and
-faults of the store (an outage window, a record write that fails). The test models each
+faults of the store (an outage window, a record write that fails, a store slow to answer),
+and the overlaps where paths meet: a cell on a new socket during a suspend's commit, an
+outage during a restore followed by a suspend of the empty kernel and retention, a slow
+record put during a shutdown or a stop. The test models each
 kernel's variables; after every step a fresh :class:`ImageStore` reads the store as a new
 server would and checks the lifecycle's invariant:
 
@@ -79,8 +82,15 @@ settings.register_profile(
 settings.register_profile("long", max_examples=300, stateful_step_count=12, **_COMMON)
 
 # Autosave soon after a cell, so that a step can wait for it; no idle suspends: the test
-# suspends by itself.
-POLICY = {"autosave_interval": 2, "autosave_idle": 0.5, "check_interval": 0.5}
+# suspends by itself. A restore waits for a store that is down this long (the outage
+# rules keep it down longer, so that the restore fails).
+RESTORE_PATIENCE = 15
+POLICY = {
+    "autosave_interval": 2,
+    "autosave_idle": 0.5,
+    "check_interval": 0.5,
+    "checkpoint_timeout": RESTORE_PATIENCE,
+}
 MAX_KERNELS = 2  # kernels are slow to start on a small machine
 NAMES = ("a", "b", "c")
 NAMESPACE = re.compile(r"^NS=(\{.*\})$", re.MULTILINE)
@@ -531,6 +541,89 @@ class Lifecycle(RuleBasedStateMachine):
                 self.run(self.server.fetch("POST", f"ckpt/kernels/{kernel.id}/suspend", {}))
         self.run(self.run_cell(kernel, {}))
         self.wait_autosaved(kernel)
+
+    @precondition(lambda self: self.any_kernel(lambda k: k.stateful and not k.suspended))
+    @rule(data=st.data(), delay=st.floats(0, 0.3))
+    def cell_on_a_new_socket_during_a_suspend(self, data: st.DataObject, delay: float) -> None:
+        """A suspend runs while a new socket opens and sends a cell: the suspend commits
+        or aborts, and either way the cell is answered, by the process that holds the
+        kernel's variables."""
+        kernel = self.pick(data, lambda k: k.stateful and not k.suspended)
+        values = {"c": self.next_value()}
+
+        async def race() -> dict[str, Any] | None:
+            suspend = asyncio.ensure_future(
+                self.server.fetch("POST", f"ckpt/kernels/{kernel.id}/suspend", {})
+            )
+            await asyncio.sleep(delay)  # where in the suspend the socket comes
+            client = await self.server.connect(kernel.id)
+            try:
+                content = {"code": self.code(values), "silent": False}
+                msg_id = client.send("execute_request", content)
+                reply = await client.reply_to(msg_id, timeout=120)
+            finally:
+                client.close()
+            assert reply["content"]["status"] == "ok", reply["content"]
+            try:
+                return await suspend
+            except HTTPClientError as exc:
+                assert exc.code == 409, f"the suspend raced by a cell answered {exc}"
+                return None
+
+        try:
+            summary = self.run(race())
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            raise AssertionError(f"a cell sent during a suspend got no reply: {exc!r}") from exc
+        if summary is not None:  # its image holds the variables from before the cell
+            self.committed(kernel, summary)
+        kernel.namespace = {**kernel.namespace, **values}
+        kernel.suspended = False
+        self.run(self.run_cell(kernel, {}))  # the cell ran on the kernel's variables
+
+    @precondition(lambda self: self.outage is not None and self.any_kernel(lambda k: k.suspended))
+    @rule(data=st.data())
+    def outage_during_a_restore_then_suspend_and_retention(self, data: st.DataObject) -> None:
+        """The store stays down while a cell wakes a suspended kernel: the restore fails
+        and the kernel runs empty. Once the store is back, the empty kernel is suspended
+        (as the idle monitor, suspend-all or a stop would) and retention runs: the
+        kernel's record still restores its variables, and keeps their image."""
+        kernel = self.pick(data, lambda k: k.suspended)
+        with self.store.down():
+            text = self.run(self.server.run_cell(kernel.id, self.code({})))
+        assert self.shown(text) == {}, f"the restore with the store down brought {text!r}"
+        self.run(self.server.fetch("POST", f"ckpt/kernels/{kernel.id}/suspend", {}))
+        store = self.store.fresh()
+        try:
+            store.max_images = 1
+            store.enforce_retention(collect=None)
+        finally:
+            store.close()
+        kernel.suspended = True  # on the image it had: the empty kernel is no newer state
+
+    @precondition(
+        lambda self: (
+            self.outage is not None and self.any_kernel(lambda k: k.stateful and not k.suspended)
+        )
+    )
+    @rule(data=st.data(), stop=st.booleans(), delay=st.floats(0, 3))
+    def slow_store_at_a_shutdown_or_stop(
+        self, data: st.DataObject, stop: bool, delay: float
+    ) -> None:
+        """Every request to the store takes longer (an object store's latency) when the
+        user shuts a kernel down, or the server stops, maybe while an autosave's record
+        is being put: nothing that put does lands after it."""
+        kernel = self.pick(data, lambda k: k.stateful and not k.suspended)
+        self.run(self.run_cell(kernel, {"a": self.next_value()}))  # an autosave comes due
+        assert self.outage is not None
+        self.outage.latency = 0.3
+        try:
+            self.run(asyncio.sleep(delay))  # when the user or the stop comes
+            if stop:
+                self.orderly_restart()
+            else:
+                self.shut_down(kernel)
+        finally:
+            self.outage.latency = 0.0
 
     # -- the invariant -------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from jupyter_ckpt_server.policy import SuspendPolicy
 from server_helpers import ServerProcess
@@ -112,3 +114,33 @@ async def test_a_bad_value_stops_the_server_with_the_trait_name(tmp_path):
         "jupyter_ckpt_server: SuspendPolicy.idle_timeout must be at least 0, got -5.0; "
         "fix it and start the server again"
     ) in server.log()
+
+
+@pytest.mark.parametrize(
+    ("section", "settings", "message"),
+    [
+        (
+            "SuspendPolicy",
+            {"idle_timout": 60},
+            "c.SuspendPolicy.idle_timout is no setting of jupyter-ckpt "
+            "(did you mean c.SuspendPolicy.idle_timeout?)",
+        ),
+        (
+            "SuspendPolicyy",
+            {"idle_timeout": 60},
+            "c.SuspendPolicyy is no setting of jupyter-ckpt (did you mean c.SuspendPolicy?)",
+        ),
+    ],
+    ids=["setting", "class"],
+)
+async def test_a_mistyped_name_stops_the_server(tmp_path, section, settings, message):
+    """A mistyped setting or class name would leave the default in force unnoticed."""
+    server = ServerProcess(tmp_path)
+    config_file = tmp_path / "config.json"
+    config = json.loads(config_file.read_text())
+    config.setdefault(section, {}).update(settings)
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(AssertionError, match="the server exited"):
+        await server.start()
+    assert server.process.returncode == 1
+    assert message in server.log(), server.log()[-2000:]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import SERVER_CONFIG
-from server_helpers import get_json, poll, start_session, text_of
+from server_helpers import at_step, fails_with, get_json, poll, start_session, text_of
 from tornado.httpclient import HTTPClientError
 
 BUFFER = 32 << 20
@@ -47,7 +47,7 @@ async def test_failed_checkpoint_is_a_result_not_a_kept_exception(jp_fetch, conn
 
     with pytest.raises(HTTPClientError) as failed:
         await jp_fetch("api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body="")
-    assert failed.value.code == 409
+    assert failed.value.code == 503  # the store refuses the save: the kernel runs on
     message = json.loads(failed.value.response.body)["message"]
     assert f"{chunks}: it is not a directory; move it away" in message, message
 
@@ -137,3 +137,47 @@ async def test_a_save_of_an_unchanged_state_writes_no_image(
         "shutdown",
         "suspended",
     )
+
+
+async def test_a_store_gone_during_the_verify_answers_503(jp_fetch, connect, manager):
+    """The store's directory stops being one while the server verifies a checkpoint: the
+    answer is a 503 that says so (not a 500), and the image is kept for when the store
+    is back."""
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("data = list(range(1000))")
+    root = Path(manager.store.backend.root)
+    away = root.with_name(f"{root.name}.away")
+
+    async def replace_the_store() -> None:
+        root.rename(away)
+        root.write_text("no longer the store")
+
+    at_step(manager, "verify", replace_the_store)
+    checkpoint = ("api", "ckpt", "kernels", kernel_id, "checkpoint")
+    message = await fails_with(503, jp_fetch, *checkpoint, method="POST", body="")
+    assert "is not a directory any more" in message, message
+    root.unlink()
+    away.rename(root)
+    assert len(manager.store.image_ids()) == 1
+
+
+async def test_the_servers_save_reports_a_variable_that_would_not_load(jp_fetch, connect):
+    """Save Now (as a suspend and the save at a stop) loads what it wrote back first: a
+    variable that pickles but would not load is reported not saved, not saved."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    reply, _ = await client.execute(
+        "class Fragile:\n"
+        "    def __setstate__(self, state):\n"
+        "        raise RuntimeError('refusing to come back')\n"
+        "fragile = Fragile()\n"
+        "fragile.v = 1\n"
+        "kept = 2"
+    )
+    assert reply["status"] == "ok", reply
+    response = await jp_fetch(
+        "api", "ckpt", "kernels", kernel_id, "checkpoint", method="POST", body=""
+    )
+    summary = json.loads(response.body)
+    assert "kept" in summary["saved"], summary
+    assert "would not load" in summary["lost"].get("fragile", ""), summary

@@ -131,3 +131,24 @@ async def test_a_kernel_restored_in_the_standby_ran_its_own_setup_and_has_its_fi
     assert own_file == found == f"kernel-{kernel_id}.json"
     kernel = manager.kernel_manager.get_kernel(kernel_id)
     assert os.path.basename(kernel.connection_file) == f"kernel-{kernel_id}.json"
+
+
+async def test_a_process_standing_by_with_other_values_in_its_environment_is_not_used(
+    jp_fetch, connect, manager, monkeypatch
+):
+    """The server's environment changed a value since the process standing by started
+    (the same names, another value): the restore starts a process of its own, which
+    sees the value a kernel started now sees."""
+    monkeypatch.setenv("CKPT_STANDBY_PROBE", "before")
+    _, kernel_id = await start_session(jp_fetch, "env.ipynb")
+    await (await connect(kernel_id)).execute("x = 41")
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    standby = manager.lifecycles.standby
+    pid = await poll(lambda: standby.pids().get("python3"), what="a process standing by")
+    monkeypatch.setenv("CKPT_STANDBY_PROBE", "after")
+    client = await connect(kernel_id)
+    _, outputs = await client.execute(
+        "import os; print(os.environ['CKPT_STANDBY_PROBE'], os.getpid())"
+    )
+    value, process = text_of(outputs).split()[-2:]
+    assert (value, process != str(pid)) == ("after", True)

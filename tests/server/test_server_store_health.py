@@ -6,13 +6,25 @@ kernels are suspended again, without a restart."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from harness import BUCKET, CREDENTIALS, S3_TIMEOUTS, Outage, s3_store, save_namespace
+from harness import (
+    BUCKET,
+    CREDENTIALS,
+    S3_TIMEOUTS,
+    Outage,
+    S3Paths,
+    read_only,
+    s3_store,
+    save_namespace,
+)
+from jupyter_ckpt_server.storehealth import StoreHealth
 from server_helpers import ServerProcess, poll
 from tornado.httpclient import HTTPClientError
 
@@ -113,3 +125,60 @@ async def test_s3_down_at_start_then_back(outage: Outage, tmp_path: Path) -> Non
     finally:
         outage.start()
         server.kill()
+
+
+async def test_a_suspend_or_checkpoint_during_an_outage_answers_503(
+    outage: Outage, tmp_path: Path
+) -> None:
+    """The store goes down under a running kernel: a suspend and a checkpoint answer 503
+    with the store's one line, and the kernel runs on with its variables."""
+    server = ServerProcess(tmp_path, {}, S3Paths(tmp_path, outage.url, S3_TIMEOUTS).env())
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "kernels", {"name": "python3"}))["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        outage.stop()
+        for action in ("suspend", "checkpoint"):
+            try:
+                await server.fetch("POST", f"ckpt/kernels/{kernel_id}/{action}", {})
+                raise AssertionError(f"a {action} with the store down succeeded")
+            except HTTPClientError as exc:
+                message = json.loads(exc.response.body)["message"]
+                assert (exc.code, "cannot reach the store" in message) == (503, True), message
+        outage.start()
+        assert (await server.run_cell(kernel_id, "print(x + 1)")).strip() == "42"
+    finally:
+        outage.start()
+        server.kill()
+
+
+async def test_a_store_that_turns_read_only_is_not_reported_ok(tmp_path: Path) -> None:
+    """Every save fails on a store that turned read-only while it still reads: the status
+    says the store is not ok, and why, until a save succeeds again."""
+    server = ServerProcess(tmp_path)
+    await server.start()
+    try:
+        kernel_id = (await server.fetch("POST", "kernels", {"name": "python3"}))["id"]
+        await server.run_cell(kernel_id, "x = 41")
+        checkpoint = f"ckpt/kernels/{kernel_id}/checkpoint"
+        with read_only(tmp_path / "store"):
+            try:
+                await server.fetch("POST", checkpoint, {})
+                raise AssertionError("a checkpoint on a read-only store succeeded")
+            except HTTPClientError as exc:
+                assert exc.code == 503, exc
+            store = (await server.get("ckpt/status"))["store"]
+            assert (store["ok"], "read-only" in (store["error"] or "")) == (False, True), store
+        await server.fetch("POST", checkpoint, {})
+        assert (await server.get("ckpt/status"))["store"]["ok"] is True
+    finally:
+        server.kill()
+
+
+def test_the_retry_delay_doubles_up_to_its_cap() -> None:
+    """After a long outage the retry comes within ``max_delay`` of the store's return,
+    not hours later."""
+    health = StoreHealth("s3://b/u", logging.getLogger("test"), first_delay=1, max_delay=60)
+    delays = list(itertools.islice(health.delays(), 12))
+    assert delays[:7] == [1, 2, 4, 8, 16, 32, 60]
+    assert set(delays[6:]) == {60}
