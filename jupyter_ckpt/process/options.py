@@ -242,14 +242,17 @@ def _interpreter_capture() -> dict[str, Any]:
 
 
 def _interpreter_apply(state: dict[str, Any]) -> None:
+    """What the image holds of it: an image written by an earlier version lacks the
+    settings added since, which then stay as this process has them."""
     sys.setrecursionlimit(state["recursion_limit"])
-    sys.setswitchinterval(state["switch_interval"])
     socket.setdefaulttimeout(state["socket_timeout"])
-    enabled, threshold = state["gc"]
+    if "switch_interval" in state:
+        sys.setswitchinterval(state["switch_interval"])
+    enabled, threshold = state.get("gc", (gc.isenabled(), gc.get_threshold()))
     gc.set_threshold(*threshold)
     if enabled != gc.isenabled():
         (gc.enable if enabled else gc.disable)()
-    for category, value in state["locale"].items():
+    for category, value in state.get("locale", {}).items():
         if locale.setlocale(getattr(locale, category)) != value:
             locale.setlocale(getattr(locale, category), value)
     if "int_max_str_digits" in state and hasattr(sys, "set_int_max_str_digits"):
