@@ -249,6 +249,13 @@ class SuspendPolicy(Configurable):
     def _positive(self, proposal: Any) -> Any:
         return _at_least(proposal, 0, strict=True)
 
+    @validate("demand_kernel_specs")
+    def _mib_per_spec(self, proposal: Any) -> Any:
+        bad = {name: mib for name, mib in proposal["value"].items() if mib < 0}
+        if bad:
+            raise TraitError(f"SuspendPolicy.demand_kernel_specs must give MiB >= 0, got {bad!r}")
+        return proposal["value"]
+
     def idle_timeout_for(self, spec_metadata: dict[str, Any] | None) -> float:
         """The idle timeout of a kernel spec: its metadata override, else the policy's."""
         return self.for_spec("idle_timeout", spec_metadata)
