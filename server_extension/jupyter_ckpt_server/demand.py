@@ -31,8 +31,8 @@ queued       free memory (after suspends) covers it,    granted
 queued       its deadline (demand_timeout) passed       refused
 queued       withdrawn (a cancelled wait, a removed     gone
              request file, the kernel shut down)
-granted      the kernel holds the memory, or            (none)
-             HOLD_SECONDS passed
+granted      the kernel holds the memory, it went       (none)
+             away, or HOLD_SECONDS passed
 ===========  =========================================  ==========
 """
 
@@ -94,6 +94,7 @@ class _Hold:
     key: str
     nbytes: int
     until: float
+    started: bool = False  # its kernel has been seen running (a start's demand is not yet)
 
 
 class GpuDemand:
@@ -316,7 +317,10 @@ class GpuDemand:
 
     def _grant(self, demand: Demand) -> None:
         self._holds[demand.kernel_id] = _Hold(
-            demand.key, demand.nbytes, time.monotonic() + HOLD_SECONDS
+            demand.key,
+            demand.nbytes,
+            time.monotonic() + HOLD_SECONDS,
+            self.manager.kernel_manager.is_running(demand.kernel_id),
         )
         demand.future.set_result(demand.device)
         waited = time.monotonic() - demand.since
@@ -345,11 +349,15 @@ class GpuDemand:
         now = time.monotonic()
         km = self.manager.kernel_manager
         for kernel_id, hold in list(self._holds.items()):
-            if now > hold.until:
+            running = km.is_running(kernel_id)
+            hold.started = hold.started or running
+            # expired, or its kernel went (shut down) before it allocated
+            gone = kernel_id in self.manager.lifecycles.gone
+            if now > hold.until or gone or (hold.started and not running):
                 del self._holds[kernel_id]
                 continue
             held = 0
-            if km.is_running(kernel_id):
+            if running:
                 held = self._held(self.manager.gpu_usage(kernel_id, snapshot).to_json(), hold.key)
             if held >= hold.nbytes:
                 del self._holds[kernel_id]
@@ -446,12 +454,11 @@ class GpuDemand:
         pending = await asyncio.to_thread(gpurequest.pending, self.directory)
         km = self.manager.kernel_manager
         for kernel_id, request in pending.items():
+            if not km.is_running(kernel_id):  # its kernel is gone: withdrawn at the next poll
+                gpurequest.remove(gpurequest.request_path(self.directory, kernel_id))
+                continue
             answering = self._files.get(kernel_id)
             if answering is not None and not answering.done():
-                continue
-            path = gpurequest.request_path(self.directory, kernel_id)
-            if not km.is_running(kernel_id):  # left by a kernel gone meanwhile
-                gpurequest.remove(path)
                 continue
             self._files[kernel_id] = asyncio.ensure_future(self._answer(kernel_id, request))
         for kernel_id in [k for k in self._files if k not in pending]:
