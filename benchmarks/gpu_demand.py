@@ -140,7 +140,7 @@ async def run(budget: int, mode: str, tmp: Path) -> bool:
         free, _total = torch.cuda.mem_get_info(0)
         if free < budget + 2 * CONTEXT_MARGIN:
             raise SystemExit(f"GPU 0 has {human_size(free)} free, less than the budget")
-        filling = filler(free - budget)
+        filling = filler(free - budget - CONTEXT_MARGIN)  # and its own CUDA context
     third = budget // 3 - (CONTEXT_MARGIN if mode == "gpu" else MIB)
     half_mib = budget // 2 // MIB
     ask = DEMAND.format(mib=half_mib) + HOLD[mode].format(n=half_mib * MIB, k=9, held=str(held))
