@@ -86,7 +86,11 @@ pathlib.Path({held!r}, str(os.getpid())).write_text(str({n}))
 """,
 }
 CHECK = {
-    "gpu": "print(json.dumps({{'sum': int(x.sum(dtype=torch.int64)), 'device': str(x.device)}}))",
+    # summed in slices: a sum in int64 of the whole would take 8x its memory on the GPU
+    "gpu": (
+        "total = sum(int(s.sum(dtype=torch.int64)) for s in x.split(1 << 26))\n"
+        "print(json.dumps({{'sum': total, 'device': str(x.device)}}))"
+    ),
     "cpu": (
         "pathlib.Path({held!r}, str(os.getpid())).write_text(str(x.nbytes))\n"
         "print(json.dumps({{'sum': int(x.sum(dtype=np.int64)), 'device': 'cpu'}}))"
