@@ -76,7 +76,7 @@ async def test_a_demand_suspends_only_the_longest_idle_kernels_it_needs(
     gpus.processes[0].append((os.getpid(), GiB))  # a process that is no kernel of ours
     # GPU 0 is full: 1 GiB before, 3 kernels and that process 1 GiB each, of 5 GiB
     idle_since(manager, oldest, 1000)
-    idle_since(manager, young, 30)  # under min_idle_on_demand
+    idle_since(manager, young, 200)
     # the busy one has been idle longest, but runs a cell until the test lets it end
     release = tmp_path / "release"
     client = await connect(busy)
@@ -100,10 +100,11 @@ async def test_a_demand_suspends_only_the_longest_idle_kernels_it_needs(
         ),
     }
 
-    # 1 GiB lacking: the oldest idle kernel is enough
+    # 1 GiB lacking: the longest idle kernel is enough, and the only one to go
     assert await demand.request("new-1", GiB, "kernel", device=0) == 0
     assert manager.kernel_manager.is_suspended(oldest)
     assert manager.kernel_manager.is_running(busy) and manager.kernel_manager.is_running(young)
+    idle_since(manager, young, 30)  # now under min_idle_on_demand
     suspended = await next_event(events, "suspend", kernel_id=oldest)
     assert (suspended["status"], suspended["trigger"]) == ("success", "demand")
 
@@ -306,3 +307,17 @@ async def test_a_kernel_spec_that_needs_a_gpu_waits_or_is_refused_with_the_reaso
     manager.policy.demand_kernel_specs = {spec: 1024}
     kernel_id = await start(jp_fetch, spec)
     assert manager.kernel_manager.is_running(kernel_id)
+
+
+async def test_memory_granted_to_a_kernel_shut_down_before_it_allocated_is_free_again(
+    jp_fetch, manager, demand, gpus
+):
+    kernel_id = await start(jp_fetch)
+    # 4 GiB free on GPU 0: granted, and set aside while the kernel has not allocated it
+    assert await demand.request(kernel_id, 3 * GiB, "kernel", device=0) == 0
+    manager.policy.demand_timeout = 1
+    with pytest.raises(GpuUnavailable):
+        await demand.request("other", 3 * GiB, "kernel", device=0)
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    manager.policy.demand_timeout = 60
+    assert await demand.request("other", 3 * GiB, "kernel", device=0) == 0
