@@ -235,6 +235,8 @@ async def test_a_restore_waits_in_the_queue_then_gets_its_memory(
     assert manager.records.get(kernel_id)["gpu"]["by_device"] == {"0": 3 * GiB}
     gpus.processes[0].append((os.getpid(), 2 * GiB))  # GPU 0: 2 GiB free of the 3 needed
     released_before = await metric(jp_fetch, "jupyter_ckpt_gpu_seconds_released_total")
+    labels = {"reason": "message", "status": "success"}
+    restores_before = await metric(jp_fetch, "jupyter_ckpt_restores_total", **labels)
 
     client = await connect(kernel_id)
     cell = client.send("execute_request", {"code": "weights + 1", "silent": False})
@@ -259,6 +261,8 @@ async def test_a_restore_waits_in_the_queue_then_gets_its_memory(
         lambda: above(jp_fetch, "jupyter_ckpt_gpu_seconds_released_total", released_before),
         what="the GPU-seconds released",
     )
+    restores = await metric(jp_fetch, "jupyter_ckpt_restores_total", **labels)
+    assert restores == restores_before + 1
 
 
 async def test_the_kernel_asks_with_ckpt_gpu_and_sees_its_place(
@@ -321,3 +325,12 @@ async def test_memory_granted_to_a_kernel_shut_down_before_it_allocated_is_free_
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     manager.policy.demand_timeout = 60
     assert await demand.request("other", 3 * GiB, "kernel", device=0) == 0
+
+
+async def test_node_accounting_counts_the_free_memory_of_all_gpus_together(manager, demand, gpus):
+    manager.policy.demand_accounting = "node"
+    # 4 GiB free on GPU 0 and 3 GiB on GPU 1: 6 GiB fit on the node, not on one GPU
+    assert await demand.request("big", 6 * GiB, "kernel") is None
+    manager.policy.demand_timeout = 1
+    with pytest.raises(GpuUnavailable, match="needs 2048 MiB on the node's GPUs, 1024 MiB free"):
+        await demand.request("more", 2 * GiB, "kernel")
