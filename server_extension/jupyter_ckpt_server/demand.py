@@ -218,16 +218,19 @@ class GpuDemand:
         nbytes = self.policy.gpu_demand_of(kernel_name, spec.metadata)
         await self.request(kernel_id, nbytes, "spec")
 
-    async def before_restore(self, kernel_id: str, record: dict[str, Any]) -> None:
+    async def before_restore(self, kernel_id: str, record: dict[str, Any]) -> bool:
         """The restore of an image that held GPU memory waits for that memory, on each
-        device it held (its tensors go back where they were)."""
+        device it held (its tensors go back where they were); whether it asked for any."""
         by_device = (record.get("gpu") or {}).get("by_device") or {}
         held = {int(d): int(n) for d, n in by_device.items() if n}
+        if not (held and self.policy.gpu_demand):
+            return False
         if self.policy.demand_accounting == NODE:
             await self.request(kernel_id, sum(held.values()), "restore")
-            return
+            return True
         for device, nbytes in sorted(held.items()):
             await self.request(kernel_id, nbytes, "restore", device=device)
+        return True
 
     # -- what the status shows -------------------------------------------------------------
 

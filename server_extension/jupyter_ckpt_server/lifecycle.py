@@ -278,8 +278,9 @@ class Lifecycles:
         # and a restore: widens each window for fault-injection tests
         self.step_hook: Callable[[str, str], Awaitable[None]] | None = None
         # awaited before a restore starts the kernel, with its id and record: waits for
-        # the GPU memory its image held (see .demand), or raises CkptError saying why not
-        self.gpu_gate: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
+        # the GPU memory its image held (see .demand; True if it asked for any), or
+        # raises CkptError saying why not
+        self.gpu_gate: Callable[[str, dict[str, Any]], Awaitable[bool]] | None = None
         self.restore_count = 0
         self._resumes: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
         self._tasks: set[asyncio.Future[Any]] = set()  # see _background
@@ -1112,11 +1113,12 @@ class Lifecycles:
         timeline.mark("compatibility checked")
         if self.gpu_gate is not None:  # the GPU memory its image held, when others hold it
             try:
-                await self.gpu_gate(kernel_id, record)
+                asked = await self.gpu_gate(kernel_id, record)
             except CkptError as exc:  # it stays suspended, its image kept
                 self.events.failure("restore", kernel_id, trigger, exc, started)
                 raise SuspendFailed(str(exc)) from exc
-            timeline.mark("GPU memory free")
+            if asked:
+                timeline.mark("GPU memory free")
         if manifest is not None:  # the files the restore reads, while the kernel starts
             self._background(asyncio.to_thread(readahead, self.store, manifest))
         lc.abort = None
