@@ -348,7 +348,7 @@ class ServerProcess:
         assert self.process is not None
         started = time.monotonic()
         self.process.send_signal(signal.SIGTERM)
-        self.process.wait(120)
+        self.process.wait(scaled(120))
         return time.monotonic() - started
 
 

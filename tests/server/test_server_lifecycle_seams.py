@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+from deadlines import scaled
 from harness import tmpfs
 from jupyter_ckpt_server.lifecycle import State
 from jupyter_ckpt_server.manager import CkptManager
@@ -678,7 +679,9 @@ async def test_a_kernel_whose_launcher_is_slow_is_waited_for(
     )
     monkeypatch.setattr("jupyter_ckpt_server.lifecycle.SILENT_AFTER", 0.5)
     body = {"path": "slow.ipynb", "type": "notebook", "kernel": {"name": "slow-launcher"}}
-    response = await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    response = await jp_fetch(
+        "api", "sessions", method="POST", body=json.dumps(body), request_timeout=scaled(60)
+    )
     kernel_id = json.loads(response.body)["kernel"]["id"]
     assert await value_in(connect, kernel_id, "1 + 1") == "2"
     assert starts.read_text().splitlines() == ["started"]
