@@ -104,11 +104,9 @@ from .timeline import Timeline
 # how often at most a running record is rewritten with the cells run since its image
 RECORD_REFRESH_SECONDS = 5.0
 # how long the server waits for a started kernel's first message before it hands the
-# kernel out all the same (it is slow, not stuck: see kernelprocess; it is never killed
-# for it), and how often kernel info is asked for meanwhile. Long enough for slow startup
-# files and launchers; short enough that a start whose first messages the server's watch
-# missed does not hold the user's cell for minutes.
-JOIN_TIMEOUT = 60.0
+# kernel out all the same (it is slow, not stuck: see kernelprocess), and how often kernel
+# info is asked for meanwhile
+JOIN_TIMEOUT = 300.0
 JOIN_NUDGE_SECONDS = 0.5
 # how long a started kernel may say nothing before the server looks at who holds its
 # ports, and how many processes it starts at most when one cannot answer
