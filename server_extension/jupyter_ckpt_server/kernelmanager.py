@@ -274,6 +274,11 @@ class CkptKernelManager(AsyncMappingKernelManager):
         if self.has_process(kernel_id):
             restarted = await super()._async_restart_kernel(kernel_id, now=now)
             if self.lifecycles is not None:
+                # on the same ports, what the server's watches last saw was the old
+                # process's (its "idle", its first message): the new one would be handed
+                # out before the server hears it, and its first cell go unseen
+                self.get_kernel(kernel_id).execution_state = "starting"
+                self.lifecycles.watch(kernel_id, True)
                 await self.lifecycles.started(kernel_id, self.lifecycles[kernel_id].launch)
             return restarted
         if record is None:

@@ -687,6 +687,38 @@ async def test_a_kernel_whose_launcher_is_slow_is_waited_for(
     assert starts.read_text().splitlines() == ["started"]
 
 
+async def test_a_restarted_kernel_is_handed_out_once_its_new_process_is_heard(
+    jp_fetch, connect, jp_data_dir, manager
+):
+    """A restart starts a new process on the same ports: what the server's watches saw
+    of the old one must not count for it. The restart returns once the new process listens
+    and has answered, so a first cell sent at once is seen (its record lists it)."""
+    launcher = f'sleep 3; exec "{sys.executable}" -m ipykernel_launcher -f "$0"'
+    python_kernelspec(
+        jp_data_dir, "slow-launcher", "Slow launcher", ["sh", "-c", launcher, "{connection_file}"]
+    )
+    body = {"path": "slow.ipynb", "type": "notebook", "kernel": {"name": "slow-launcher"}}
+    response = await jp_fetch(
+        "api", "sessions", method="POST", body=json.dumps(body), request_timeout=scaled(60)
+    )
+    kernel_id = json.loads(response.body)["kernel"]["id"]
+    assert await value_in(connect, kernel_id, "1 + 1") == "2"
+
+    await jp_fetch(
+        "api", "kernels", kernel_id, "restart", method="POST", body="{}",
+        request_timeout=scaled(60),
+    )  # fmt: skip
+    kernel = manager.kernel_manager.get_kernel(kernel_id)
+    listening = {
+        c.laddr.port
+        for c in psutil.Process(kernel.provisioner.pid).net_connections()
+        if c.status == psutil.CONN_LISTEN
+    }
+    assert kernel.iopub_port in listening, (kernel.iopub_port, listening)
+    assert await value_in(connect, kernel_id, "2 + 2") == "4"
+    await poll(lambda: manager.lifecycles[kernel_id].executed == [1], what="In[1] to be seen")
+
+
 # -- 13. a record put under way when the autosave that wrote it is cancelled ------------------
 
 
