@@ -6,7 +6,8 @@ kernels are suspended, the server keeps one process of each of their kernel spec
 started, with ``jupyter_ckpt.kernel`` (and numpy) imported, and a restore adopts it under the
 suspended kernel's id (:meth:`Standby.take`), then tells it whose kernel it now is (its id
 and notebook, see :func:`jupyter_ckpt.kernel.restore`). Another is started behind it while
-kernels of that spec stay suspended.
+kernels of that spec stay suspended. A standby is taken only once it has answered (see
+:func:`_answered`).
 
 A standby runs no user code and is not a kernel of the kernels API: it is not listed,
 culled or connected to. It is started only for a Python kernel spec run by ipykernel
@@ -40,6 +41,9 @@ WARM_UP = "--IPKernelApp.code_to_run=" + "\n".join(
         "del importlib, jupyter_ckpt",  # imported, not names of the user's
     ]
 )
+# how long a standby may take to answer before it is given up (a restore meanwhile starts
+# a kernel of its own)
+READY_TIMEOUT = 120.0
 # set per kernel, as the restore will: left out when comparing environments
 PER_KERNEL_ENV = ("JPY_SESSION_NAME",)
 
@@ -65,6 +69,18 @@ async def _adopted(manager: Any, **kw: Any) -> None:
         manager.provisioner.kernel_id = kw["kernel_id"]
     launch = {k: kw[k] for k in ("env", "cwd") if k in kw}
     manager._launch_args = {**manager._launch_args, **launch, "extra_arguments": []}
+
+
+async def _answered(manager: Any) -> None:
+    """Once the started process answers: it has read its connection file (which the
+    adoption moves to the kernel's name: a process that had not would choose ports of its
+    own, where the server never finds it) and run its warm-up."""
+    client = manager.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=READY_TIMEOUT)
+    finally:
+        client.stop_channels()
 
 
 class Standby:
@@ -180,6 +196,7 @@ class Standby:
             await ensure_async(
                 manager.start_kernel(env=env, cwd=km.root_dir, extra_arguments=[WARM_UP])
             )
+            await _answered(manager)
         except asyncio.CancelledError:
             await self._stop(manager)
             raise

@@ -3,10 +3,12 @@ the kernel it brings back is the suspended one in every way a user or the server
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
 import psutil
+from deadlines import scaled
 from server_helpers import FakeNvml, get_json, poll, start_session, text_of
 
 from jupyter_ckpt.gpu import GpuProbe
@@ -152,3 +154,24 @@ async def test_a_process_standing_by_with_other_values_in_its_environment_is_not
     )
     value, process = text_of(outputs).split()[-2:]
     assert (value, process != str(pid)) == ("after", True)
+
+
+async def test_a_restore_never_takes_a_standby_that_has_not_read_its_connection_file(
+    jp_fetch, connect, manager, tmp_path, monkeypatch
+):
+    """A standby still starting has not read its connection file yet (a cold import, a
+    loaded node): were it handed to a restore, the file's move to the kernel's name would
+    leave the process to choose ports of its own, and the kernel would never answer. Only
+    a standby that answered is taken."""
+    site = tmp_path / "slow-standby"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys, time\nif any('code_to_run' in arg for arg in sys.argv):\n    time.sleep(4)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    _, kernel_id = await start_session(jp_fetch, "slow.ipynb")
+    await (await connect(kernel_id)).execute("x = 41")
+    await jp_fetch("api", "ckpt", "kernels", kernel_id, "suspend", method="POST", body="")
+    client = await connect(kernel_id)  # restores while the standby sleeps
+    reply, outputs = await asyncio.wait_for(client.execute("print(x + 1)"), scaled(60))
+    assert (reply["status"], text_of(outputs).strip()) == ("ok", "42")
