@@ -12,6 +12,7 @@
 #
 # Outputs (logs, figures.jsonl, summary.md) go to benchmarks/results/gpu-check/, or to
 # $GPU_CHECK_OUT. Exits 1 when a script failed or a check did not hold.
+# $GPU_CHECK_ONLY="gpu_demand gpu_suspend" runs those scripts alone (a rerun of one).
 #
 # What is installed, and why this way. The test extra pins torch==2.13.0 and the project's
 # development setup installs that version's CPU build; here torch must be a CUDA build. So
@@ -131,6 +132,8 @@ plan() {
         gpu_idle_work:cpu) echo "60 --cpu" ;;
         gpu_autosave:gpu) echo "120 --gib 4 --rounds 3" ;;
         gpu_autosave:cpu) echo "180 --cpu --gib 0.0625 --rounds 1" ;;
+        gpu_demand:gpu) echo "120 --budget 12G" ;;
+        gpu_demand:cpu) echo "120 --cpu" ;;
         *:gpu) echo "60" ;;       # a script added since: its defaults, in what is left
         *:cpu) echo "120 --cpu" ;;
     esac
@@ -152,6 +155,9 @@ cd "$ROOT" || exit 1
 "$PY" -c 'import jupyter_ckpt, torch; print("jupyter_ckpt from", jupyter_ckpt.__file__, "| torch", torch.__version__)'
 for script in benchmarks/gpu_*.py; do
     name="$(basename "$script" .py)"
+    if [[ -n "${GPU_CHECK_ONLY:-}" && " $GPU_CHECK_ONLY " != *" $name "* ]]; then
+        continue
+    fi
     read -r limit args <<<"$(plan "$name")"
     echo "== $name $args (limit ${limit} s)"
     started=$SECONDS

@@ -32,6 +32,10 @@ class DeviceUnavailable(CkptError):
     """A saved tensor needs a device this node does not have."""
 
 
+class GpuUnavailable(CkptError):
+    """A GPU demand that no suspension of idle kernels could make room for in time."""
+
+
 class ImageInUse(CkptError):
     """The image is what a suspended kernel will be restored from; it cannot go yet."""
 

@@ -143,6 +143,22 @@ class GpuProbe:
             log.warning("NVML query failed: %s", exc)
             return {"available": False, "reason": f"NVML query failed: {exc}", "gpus": []}
 
+    def free_memory(self) -> dict[int, int]:
+        """device index -> bytes free now, as the driver counts them: memory held by any
+        process (this server's kernels or not) is used. Empty without NVML."""
+        if not self.available:
+            return {}
+        nvml = self._nvml
+        try:
+            free = {}
+            for index, handle in enumerate(self._handles()):
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                free[index] = max(0, int(memory.total) - int(memory.used))
+            return free
+        except Exception as exc:
+            log.warning("NVML memory query failed: %s", exc)
+            return {}
+
     def _device_processes(self, handle: Any) -> list[Any]:
         nvml = self._nvml
         calls = [self._process_calls] if self._process_calls else _PROCESS_CALLS

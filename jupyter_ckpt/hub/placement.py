@@ -49,6 +49,9 @@ MEMORY = "nvidia.com/gpu.memory"  # MiB per GPU
 DRIVER_MAJOR = "nvidia.com/cuda.driver.major"  # NVIDIA driver major version: 550
 COMPUTE_MAJOR = "nvidia.com/gpu.compute.major"  # compute capability major: 9
 COUNT = "nvidia.com/gpu.count"  # GPUs on the node
+# MiB free now on the node's GPU with the most free memory: published by the node itself
+# (:mod:`jupyter_ckpt.hub.nodelabels`), as no standard label says it
+FREE_MEMORY = "jupyter-ckpt.io/gpu.memory.free"
 # The NVIDIA device plugin's resource: the GPUs a container gets.
 GPU_RESOURCE = "nvidia.com/gpu"
 # The spawn form's field and user_options key of the image to resume.
@@ -111,14 +114,27 @@ def pod_gpus(pod: Any) -> int | None:
     return None
 
 
-def preferred_terms(needs: GpuNeeds | None, same_product: bool = False) -> list[dict]:
-    """Kubernetes ``PreferredSchedulingTerm``: the GPU model the images were saved on,
+def preferred_terms(
+    needs: GpuNeeds | None, same_product: bool = False, gpus: int | None = None
+) -> list[dict]:
+    """Kubernetes ``PreferredSchedulingTerm``: a node whose GPU has the memory the
+    restore needs free now (:data:`FREE_MEMORY`), so that no one's idle kernel is
+    suspended for it; failing that, any node the required terms allow, where GPU demand
+    suspends idle kernels to make room. And the GPU model the images were saved on,
     where it is not required (same speed and memory layout as before)."""
-    if needs is None or same_product or not needs.products:
+    if needs is None:
         return []
-    values = [product_label(p) for p in needs.products]
-    expression = {"key": PRODUCT, "operator": "In", "values": values}
-    return [{"weight": 100, "preference": {"matchExpressions": [expression]}}]
+    terms = []
+    per_gpu = needs.per_gpu if gpus is None else needs.per_gpu_on(gpus)
+    if per_gpu:
+        mib = math.ceil(per_gpu / _MIB)
+        free = {"key": FREE_MEMORY, "operator": "Gt", "values": [str(mib - 1)]}
+        terms.append({"weight": 100, "preference": {"matchExpressions": [free]}})
+    if not same_product and needs.products:
+        values = [product_label(p) for p in needs.products]
+        expression = {"key": PRODUCT, "operator": "In", "values": values}
+        terms.append({"weight": 100, "preference": {"matchExpressions": [expression]}})
+    return terms
 
 
 @dataclass
@@ -267,7 +283,7 @@ class SpawnHooks:
         expressions = required_expressions(needs, self.same_product, gpus)
         return {
             "node_affinity_required": [{"matchExpressions": expressions}] if expressions else [],
-            "node_affinity_preferred": preferred_terms(needs, self.same_product),
+            "node_affinity_preferred": preferred_terms(needs, self.same_product, gpus),
         }
 
     async def _placement_of(self, spawner: Any) -> Placement:

@@ -13,8 +13,8 @@ import sys
 import time
 from typing import Any
 
-from .. import image, process
-from ..errors import CkptError
+from .. import gpurequest, image, process
+from ..errors import CkptError, GpuUnavailable
 from ..store import ImageStore, check_ref
 from ..store.mapping import Checker
 from ..store.progress import Progress
@@ -371,3 +371,48 @@ def autosave(timeout: float = background.DEFAULT_CHILD_TIMEOUT) -> dict[str, Any
 
 def autosave_result() -> dict[str, Any]:
     return background.collect(session())
+
+
+# how often a kernel waiting for a GPU reads the server's answer
+GPU_ANSWER_POLL_SECONDS = 0.1
+
+
+def request_gpu(mib: float, device: int | None = None, timeout: float | None = None) -> int | None:
+    """Wait until the server has ``mib`` MiB of GPU memory free for this kernel (on
+    ``device``, else the one with the most room), suspending idle kernels to make room;
+    call it before allocating, from a cell, a library or a startup file. The device
+    granted (None when the server counts the node's GPUs together, or when no server
+    takes demands: then there is nothing to wait for). While it waits it prints the
+    kernel's place ("Waiting for a GPU: 2 ahead of you"); a demand no suspension can
+    satisfy raises :class:`~jupyter_ckpt.errors.GpuUnavailable` with the reason, instead
+    of the out-of-memory error the allocation would meet. Interrupting the cell
+    withdraws the demand. See :mod:`jupyter_ckpt.gpurequest` for why files carry it."""
+    directory = os.environ.get(gpurequest.DEMAND_DIR_ENV)
+    kid = kernel_id()
+    if not directory or not kid:
+        return None
+    request = gpurequest.request_path(directory, kid)
+    answer = gpurequest.answer_path(directory, kid)
+    gpurequest.remove(answer)  # a previous demand's
+    user = os.environ.get("JUPYTER_CKPT_USER")
+    gpurequest.write(request, {"bytes": int(mib * 2**20), "device": device, "user": user})
+    deadline = None if timeout is None else time.monotonic() + timeout
+    shown = None
+    try:
+        while True:
+            reply = gpurequest.read(answer) or {}
+            if reply.get("state") == "granted":
+                gpurequest.remove(answer)
+                return reply.get("device")
+            if reply.get("state") == "refused":
+                gpurequest.remove(answer)
+                raise GpuUnavailable(reply.get("message", "the server refused the demand"))
+            message = reply.get("message")
+            if message and message != shown:
+                print(message, flush=True)
+                shown = message
+            if deadline is not None and time.monotonic() > deadline:
+                raise GpuUnavailable(f"no GPU memory free for {mib:.0f} MiB within {timeout} s")
+            time.sleep(GPU_ANSWER_POLL_SECONDS)
+    finally:
+        gpurequest.remove(request)  # withdrawn if the wait ended any other way

@@ -1,4 +1,4 @@
-"""`%ckpt` magics: save, restore, list, show, rm, exclude, include, status, idle-ok.
+"""`%ckpt` magics: save, restore, list, show, rm, exclude, include, status, idle-ok, gpu.
 
 Output is short and human, and always names every variable that was not saved or not
 restored, with the reason.
@@ -14,7 +14,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 
 from ..errors import CkptError
 from ..format import describe_image, human_bytes, list_images
-from . import session
+from . import request_gpu, session
 from .activity import IDLE_OK, idle_ok
 
 
@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
         "names", nargs="*", metavar="NAME", help="a function or thread name, or a pattern"
     )
     idle.add_argument("--undo", action="store_true", help="count their work again")
+    gpu = sub.add_parser("gpu", help="wait until the server has GPU memory free for this kernel")
+    gpu.add_argument("mib", type=float, metavar="MIB", help="GPU memory needed (MiB)")
+    gpu.add_argument("--device", type=int, help="on this GPU (default: the one with most room)")
     return parser
 
 
@@ -146,6 +149,11 @@ class CkptMagics(Magics):
         s = session()
         s.excluded.difference_update(args.names)
         return [f"Excluded from images: {', '.join(sorted(s.excluded)) or '(none)'}"]
+
+    def _gpu(self, args: Any) -> list[str]:
+        device = request_gpu(args.mib, args.device)
+        where = "" if device is None else f" on GPU {device}"
+        return [f"GPU memory free for this kernel: {args.mib:.0f} MiB{where}"]
 
     def _status(self, args: Any) -> list[str]:
         s = session()

@@ -6,13 +6,20 @@ import { exactTime, formatBytes, formatDuration, relativeTime } from './format';
 import {
   ICkptApi,
   ICkptEvent,
+  IGpuDemand,
   IKernelStatus,
   IProgress,
   IStatusReply
 } from './types';
 
 export interface IStatusText {
-  state: 'running' | 'blocked' | 'suspending' | 'suspended' | 'restoring';
+  state:
+    | 'running'
+    | 'blocked'
+    | 'suspending'
+    | 'suspended'
+    | 'restoring'
+    | 'waiting';
   /** Short text for the status bar. */
   text: string;
   /** Longer explanation for hover and screen readers. */
@@ -31,6 +38,10 @@ export function describeKernel(
   restoringSince?: number,
   progress?: IProgress
 ): IStatusText {
+  // waiting for GPU memory comes first: a restore that waits has not started yet
+  if (status.gpu_demand) {
+    return waitingText(status.gpu_demand, (now - fetchedAt) / 1000);
+  }
   if (status.state === 'restoring' || restoringSince !== undefined) {
     const elapsed = formatDuration(
       (now - (restoringSince ?? fetchedAt)) / 1000
@@ -117,6 +128,23 @@ export function describeKernel(
     state: 'running',
     text: [gpu, when].filter(Boolean).join(' · '),
     title: `Idle kernels are saved to an image and shut down after ${formatDuration(status.idle_timeout ?? 0)}; running a cell resets the clock.`
+  };
+}
+
+const DEMANDS: Record<IGpuDemand['source'], string> = {
+  spec: 'Its kernel spec needs',
+  restore: 'Its restore needs',
+  kernel: 'It asked for'
+};
+
+/** "Waiting for a GPU: 2 ahead of you", with what the kernel waits for in the title. */
+export function waitingText(demand: IGpuDemand, since: number): IStatusText {
+  const device = demand.device === null ? '' : ` on GPU ${demand.device}`;
+  const waited = formatDuration(demand.waiting_seconds + Math.max(0, since));
+  return {
+    state: 'waiting',
+    text: demand.message,
+    title: `${DEMANDS[demand.source]} ${formatBytes(demand.bytes)} of GPU memory${device}; idle kernels are suspended to make room, and it goes on as soon as the memory is free (waiting for ${waited}).`
   };
 }
 

@@ -21,7 +21,7 @@ import {
   RecoveredBadge,
   TriggerFact
 } from './badges';
-import { KernelStatusModel } from './kernelstatus';
+import { KernelStatusModel, waitingText } from './kernelstatus';
 import { RESUME_COMMANDS, ResumeTarget } from './resume';
 import {
   changeSince,
@@ -478,6 +478,17 @@ export class SavedSessionsPanel extends ReactWidget {
       this.model.kernelPaths,
       id => this._kernels.kernel(id)?.state
     );
+    const demand = kernel ? this._kernels.kernel(kernel)?.gpu_demand : null;
+    if (demand) {
+      return (
+        <span
+          className="jp-CkptBadge jp-mod-waiting"
+          title={waitingText(demand, 0).title}
+        >
+          {trans.__('Waiting for a GPU: %1 ahead of you', demand.ahead)}
+        </span>
+      );
+    }
     if (state === 'suspended') {
       return (
         <span

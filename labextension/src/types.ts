@@ -73,6 +73,17 @@ export interface IImageDetails extends IImage {
 
 export type CkptState = 'running' | 'suspending' | 'suspended' | 'restoring';
 
+/** A kernel's wait for GPU memory (GPU demand): `message` is "Waiting for a GPU: 2
+ * ahead of you"; `source` is what asked (a kernel spec, a restore, the kernel). */
+export interface IGpuDemand {
+  ahead: number;
+  bytes: number;
+  device: number | null;
+  source: 'spec' | 'restore' | 'kernel';
+  waiting_seconds: number;
+  message: string;
+}
+
 /** One kernel of `GET /api/ckpt/status`: running kernels carry the idle monitor's view. */
 export interface IKernelStatus {
   kernel_id: string;
@@ -95,6 +106,8 @@ export interface IKernelStatus {
      * hold those values: the server forgets the failure once they are all gone. */
     lost?: Record<string, string>;
   } | null;
+  /** Its place in a GPU demand queue while it waits for GPU memory, else null. */
+  gpu_demand?: IGpuDemand | null;
   /** Suspended kernels: their image, when they were suspended and the GPU memory freed. */
   image?: string;
   suspended_at?: string;

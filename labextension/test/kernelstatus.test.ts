@@ -46,6 +46,34 @@ describe('describeKernel', () => {
     );
   });
 
+  it('says a kernel waits for a GPU, and its place, before anything else', () => {
+    const gpu_demand = {
+      ahead: 2,
+      bytes: 20_000_000_000,
+      device: 0,
+      source: 'restore' as const,
+      waiting_seconds: 30,
+      message: 'Waiting for a GPU: 2 ahead of you'
+    };
+    const suspended: IKernelStatus = {
+      kernel_id: 'k1',
+      state: 'suspended',
+      gpu_demand
+    };
+    expect(describeKernel(suspended, T0, T0 + 30_000, T0)).toEqual({
+      state: 'waiting',
+      text: 'Waiting for a GPU: 2 ahead of you',
+      title:
+        'Its restore needs 20.0 GB of GPU memory on GPU 0; idle kernels are suspended to make room, and it goes on as soon as the memory is free (waiting for 1 min).'
+    });
+    const asked = running({
+      gpu_demand: { ...gpu_demand, ahead: 0, source: 'kernel', device: null }
+    });
+    expect(describeKernel(asked, T0, T0).title).toMatch(
+      /^It asked for 20.0 GB of GPU memory; idle kernels/
+    );
+  });
+
   it('leaves GPU out for a kernel that holds none', () => {
     const s = running({ gpu: { bytes: 0, holds_gpu: false } });
     expect(describeKernel(s, T0, T0).text).toBe('suspends in 14 min');

@@ -7,11 +7,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.services.kernels.handlers import _kernel_id_regex
 from traitlets import TraitError, default
 
-from jupyter_ckpt import compat
+from jupyter_ckpt import compat, gpurequest
 from jupyter_ckpt.errors import CkptError
 from jupyter_ckpt.gpu import GpuProbe
 from jupyter_ckpt.store import ImageStore
@@ -19,9 +20,11 @@ from jupyter_ckpt.store import ImageStore
 from . import startup
 from .autosave import Autosaver
 from .configcheck import unknown_settings
+from .demand import GpuDemand
 from .handlers import default_handlers
 from .kernelmanager import CkptKernelManager
 from .manager import CkptManager
+from .metrics import MetricsListener
 from .monitor import IdleMonitor
 from .policy import SuspendPolicy
 from .service import CkptService
@@ -41,6 +44,7 @@ class CkptExtensionApp(ExtensionApp):
     classes = [SuspendPolicy, ImageStore, CkptManager]
     manager: CkptManager | None = None  # None when the extension could not initialize
     monitor: IdleMonitor | None = None
+    demand: GpuDemand | None = None
     autosaver: Autosaver | None = None
     stop_guard: StopGuard | None = None  # set once the server runs its event loop
     store_health: StoreHealth | None = None  # set once the server runs its event loop
@@ -90,6 +94,11 @@ class CkptExtensionApp(ExtensionApp):
             emit=lambda data: event_logger.emit(schema_id=SCHEMA_ID, data=data),
             session_manager=self.serverapp.session_manager,
         )
+        self.monitor = IdleMonitor(self.manager)
+        demand_dir = os.path.join(jupyter_runtime_dir(), "jupyter-ckpt-demand")
+        self.demand = GpuDemand(self.manager, self.monitor, demand_dir)
+        km.gpu_gate = self.demand.before_start
+        self.manager.lifecycles.gpu_gate = self.demand.before_restore
         km.attach(
             self.manager.lifecycles,
             {
@@ -99,16 +108,21 @@ class CkptExtensionApp(ExtensionApp):
                 "JUPYTER_CKPT_ENCRYPTION": store.encryption,
                 "JUPYTER_CKPT_BUFFER_BYTES": str(store.buffer_bytes),
                 "JUPYTER_CKPT_MAP_BUFFERS": "1" if store.map_buffers else "0",
+                gpurequest.DEMAND_DIR_ENV: demand_dir,
             },
         )
-        self.monitor = IdleMonitor(self.manager)
         # what a written image left out decides whether the kernel can be suspended
         event_logger.add_listener(schema_id=SCHEMA_ID, listener=self.monitor.on_event)
+        metrics = MetricsListener(self.manager.lifecycles, store, self.log)
+        event_logger.add_listener(schema_id=SCHEMA_ID, listener=metrics.on_event)
         self.autosaver = Autosaver(parent=self, manager=self.manager)
-        self.service = CkptService(self.manager, self.monitor, self.serverapp.session_manager)
+        self.service = CkptService(
+            self.manager, self.monitor, self.serverapp.session_manager, self.demand
+        )
         self.settings.update(
             jupyter_ckpt_manager=self.manager,
             jupyter_ckpt_monitor=self.monitor,
+            jupyter_ckpt_demand=self.demand,
             jupyter_ckpt_autosaver=self.autosaver,
             jupyter_ckpt_service=self.service,
         )
@@ -140,6 +154,8 @@ class CkptExtensionApp(ExtensionApp):
         finally:
             loaded.set()
         self.monitor.start()
+        if self.demand is not None:
+            self.demand.start()
         if self.autosaver is not None:
             self.autosaver.begin()
         if self.policy.suspend_on_shutdown:
@@ -168,6 +184,8 @@ class CkptExtensionApp(ExtensionApp):
             if self.store_health is not None:
                 await self.store_health.stop()
             await self.monitor.stop()
+            if self.demand is not None:
+                await self.demand.stop()
             if self.autosaver is not None:
                 await self.autosaver.stop()
             if not self.policy.suspend_on_shutdown:

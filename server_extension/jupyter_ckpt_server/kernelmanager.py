@@ -32,11 +32,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado import web
+
+from jupyter_ckpt.errors import CkptError
 
 from .lifecycle import Lifecycles, State, restoring
 from .rpc import SuspendFailed
@@ -59,6 +63,9 @@ class CkptKernelManager(AsyncMappingKernelManager):
         # manager behaves as the stock one
         self.lifecycles: Lifecycles | None = None
         self._env_updates: set[asyncio.Task[None]] = set()
+        # awaited before a new kernel starts, with its id and kernel spec name: waits for
+        # the GPU memory its spec needs (see .demand), or raises CkptError saying why not
+        self.gpu_gate: Callable[[str, str], Awaitable[None]] | None = None
 
     def attach(self, lifecycles: Lifecycles, env: dict[str, str]) -> None:
         """The extension is on: kernels get ``env`` and the lifecycles own their state."""
@@ -199,6 +206,13 @@ class CkptKernelManager(AsyncMappingKernelManager):
             self.lifecycles.refuse_gone(kernel_id)
         except SuspendFailed as exc:
             raise web.HTTPError(404, str(exc)) from exc
+        if self.gpu_gate is not None and restoring.get() is None:
+            kernel_id = kernel_id or str(uuid.uuid4())
+            try:
+                name = kwargs.get("kernel_name") or self.default_kernel_name
+                await self.gpu_gate(kernel_id, name)
+            except CkptError as exc:
+                raise web.HTTPError(503, str(exc)) from exc
         base_env = kwargs.pop("env", None) or os.environ
         env = {**base_env, **self.ckpt_env}
         kernel_id = await super()._async_start_kernel(

@@ -216,7 +216,7 @@ _ACTIONS = {
 }
 
 # the trigger an image is labelled with, by what asked a suspend for it
-_SUSPEND_LABELS = {"api": "manual", "idle": "idle", "shutdown": "shutdown"}
+_SUSPEND_LABELS = {"api": "manual", "idle": "idle", "shutdown": "shutdown", "demand": "demand"}
 
 
 def _describe_lost(lost: dict[str, str]) -> str:
@@ -346,6 +346,10 @@ class Lifecycles:
         # async callable(step, kernel_id), awaited before each awaited step of a suspend
         # and a restore: widens each window for fault-injection tests
         self.step_hook: Callable[[str, str], Awaitable[None]] | None = None
+        # awaited before a restore starts the kernel, with its id and record: waits for
+        # the GPU memory its image held (see .demand; True if it asked for any), or
+        # raises CkptError saying why not
+        self.gpu_gate: Callable[[str, dict[str, Any]], Awaitable[bool]] | None = None
         self.restore_count = 0
         self._resumes: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
         self._tasks: set[asyncio.Future[Any]] = set()  # see _background
@@ -1253,6 +1257,14 @@ class Lifecycles:
             self.events.failure("restore", kernel_id, trigger, exc, started)
             raise SuspendFailed(str(exc)) from exc
         timeline.mark("compatibility checked")
+        if self.gpu_gate is not None:  # the GPU memory its image held, when others hold it
+            try:
+                asked = await self.gpu_gate(kernel_id, record)
+            except CkptError as exc:  # it stays suspended, its image kept
+                self.events.failure("restore", kernel_id, trigger, exc, started)
+                raise SuspendFailed(str(exc)) from exc
+            if asked:
+                timeline.mark("GPU memory free")
         if manifest is not None:  # the files the restore reads, while the kernel starts
             self._background(asyncio.to_thread(readahead, self.store, manifest))
         lc.abort = None

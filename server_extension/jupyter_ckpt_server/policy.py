@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Any
 
-from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,45 @@ class SuspendPolicy(Configurable):
         up to its kernel's state, against the memory of the server's pod.""",
     ).tag(config=True)
 
+    gpu_demand = Bool(
+        True,
+        help="""When a kernel needs GPU memory the node does not have free (a kernel spec
+        that asks for it, the restore of an image that held GPU memory, or the kernel's
+        own request: `%ckpt gpu` or jupyter_ckpt.kernel.request_gpu()), suspend idle GPU
+        kernels to make room, the longest idle first, and queue the demand fairly until
+        there is room. False: demands are granted at once and nothing is suspended for
+        them.""",
+    ).tag(config=True)
+
+    min_idle_on_demand = Float(
+        120,
+        help="""Seconds a kernel must have been idle before a GPU demand may suspend it
+        (the idle monitor's own judgement decides what is idle; a busy kernel is never
+        suspended).""",
+    ).tag(config=True)
+
+    demand_timeout = Float(
+        300,
+        help="""Seconds a GPU demand may wait in the queue; then it is refused with the
+        reason (the holders are busy, or too young to suspend), rather than letting the
+        kernel run out of GPU memory.""",
+    ).tag(config=True)
+
+    demand_kernel_specs = Dict(
+        value_trait=Int(),
+        help="""Kernel spec name -> GPU memory (MiB) a kernel of that spec needs when it
+        starts: the start waits in the GPU demand queue. A kernel spec may say so itself
+        with metadata {"jupyter_ckpt": {"gpu_memory_mb": N}}.""",
+    ).tag(config=True)
+
+    demand_accounting = Enum(
+        ["device", "node"],
+        "device",
+        help="""How free GPU memory is counted for a demand: "device" (the demand needs
+        its memory on one GPU; each GPU has its own queue) or "node" (the free memory of
+        all GPUs together; one queue).""",
+    ).tag(config=True)
+
     @default("stop_grace_period")
     def _stop_grace_period_from_env(self) -> float:
         value = os.environ.get(STOP_GRACE_ENV, "0")
@@ -196,6 +235,7 @@ class SuspendPolicy(Configurable):
         "autosave_idle",
         "busy_cpu_percent",
         "busy_io_bytes_per_second",
+        "min_idle_on_demand",
     )
     def _non_negative(self, proposal: Any) -> Any:
         return _at_least(proposal, 0)
@@ -206,9 +246,17 @@ class SuspendPolicy(Configurable):
         "checkpoint_timeout",
         "activity_timeout",
         "autosave_concurrency",
+        "demand_timeout",
     )
     def _positive(self, proposal: Any) -> Any:
         return _at_least(proposal, 0, strict=True)
+
+    @validate("demand_kernel_specs")
+    def _mib_per_spec(self, proposal: Any) -> Any:
+        bad = {name: mib for name, mib in proposal["value"].items() if mib < 0}
+        if bad:
+            raise TraitError(f"SuspendPolicy.demand_kernel_specs must give MiB >= 0, got {bad!r}")
+        return proposal["value"]
 
     def idle_timeout_for(self, spec_metadata: dict[str, Any] | None) -> float:
         """The idle timeout of a kernel spec: its metadata override, else the policy's."""
@@ -232,6 +280,22 @@ class SuspendPolicy(Configurable):
             )
             return default
         return float(value)
+
+    def gpu_demand_of(self, kernel_name: str, spec_metadata: dict[str, Any] | None) -> int:
+        """Bytes of GPU memory a kernel of this spec needs at start (0: none): its
+        metadata's ``gpu_memory_mb``, else ``demand_kernel_specs``."""
+        override = (spec_metadata or {}).get(SPEC_METADATA_KEY, {})
+        value = override.get("gpu_memory_mb") if isinstance(override, dict) else None
+        if value is None:
+            value = self.demand_kernel_specs.get(kernel_name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            log.warning(
+                "kernelspec metadata %s.gpu_memory_mb=%r is not a whole number >= 0; ignored",
+                SPEC_METADATA_KEY,
+                value,
+            )
+            return 0
+        return value * 2**20
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.class_own_traits(config=True)}

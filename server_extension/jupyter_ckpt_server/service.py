@@ -12,6 +12,7 @@ from jupyter_server.utils import ApiPath, to_os_path
 from jupyter_ckpt import compat
 from jupyter_ckpt.errors import InvalidReference
 
+from .demand import GpuDemand
 from .manager import CkptManager, NothingToSave, SuspendFailed
 from .monitor import IdleMonitor
 from .storehealth import StoreHealth
@@ -69,10 +70,17 @@ class CkptService:
 
     store_health: StoreHealth | None = None  # set when the extension starts
 
-    def __init__(self, manager: CkptManager, monitor: IdleMonitor, session_manager: Any) -> None:
+    def __init__(
+        self,
+        manager: CkptManager,
+        monitor: IdleMonitor,
+        session_manager: Any,
+        demand: GpuDemand | None = None,
+    ) -> None:
         self.manager = manager
         self.monitor = monitor
         self.session_manager = session_manager
+        self.demand = demand
 
     @property
     def node(self) -> dict[str, Any]:
@@ -228,8 +236,12 @@ class CkptService:
             for k, record in list(km.suspended.items())
             if kernel_id in (None, k)
         )
+        demand = self.demand
+        for kernel in kernels:  # its place in a GPU demand queue, or None
+            kernel["gpu_demand"] = demand.status_of(kernel["kernel_id"]) if demand else None
         return {
             "policy": manager.policy.to_json(),
+            "gpu_demand": demand.to_json() if demand else None,
             "store": self.store_health.to_json() if self.store_health else None,
             "node": self.node,
             "kernels": kernels,

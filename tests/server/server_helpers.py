@@ -426,8 +426,9 @@ class NvmlError(Exception):
 
 
 class FakeNvml:
-    """Two GPUs; ``processes`` maps device index -> [(pid, bytes)]. Like drivers before
-    470, it has no ``_v3`` process calls unless ``v3`` is set.
+    """Two GPUs of ``total`` bytes; ``processes`` maps device index -> [(pid, bytes)],
+    which count as used memory (on top of 1 GiB, 2 GiB held by no one we know). Like
+    drivers before 470, it has no ``_v3`` process calls unless ``v3`` is set.
 
     GPU utilization: ``utilization`` maps a device to its per-process samples
     [(pid, SM %)] (a device without any answers NOT_FOUND, "no sample"); a device in
@@ -450,6 +451,7 @@ class FakeNvml:
         self.utilization: dict[int, list[tuple[int, int]]] = {}
         self.device_utilization: dict[int, int] = {}
         self.live = live  # report a pid only while its process exists, as the driver does
+        self.total = 80 << 30  # each device's memory; its used memory counts the processes
         self.init_calls = 0
         if not v3:
             self.nvmlDeviceGetComputeRunningProcesses_v3 = self._missing
@@ -474,7 +476,9 @@ class FakeNvml:
         return f"GPU-{handle:08d}"
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
-        return SimpleNamespace(total=80 << 30, used=(handle + 1) << 30)
+        processes = self.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+        held = sum(p.usedGpuMemory or 0 for p in processes)
+        return SimpleNamespace(total=self.total, used=((handle + 1) << 30) + held)
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
         return 9, 0

@@ -16,6 +16,7 @@ from harness import wait_for
 from server_helpers import FakeNvml
 
 from jupyter_ckpt.gpu import GpuProbe
+from jupyter_ckpt.hub import nodelabels
 
 
 @dataclass
@@ -135,6 +136,21 @@ def test_without_nvml_nothing_crashes_and_it_says_so_once(tree, caplog):
     assert not node["available"] and "libnvidia-ml" in node["reason"]
     assert Broken.calls == 1
     assert sum("NVML is not available" in r.message for r in caplog.records) == 1
+
+
+def test_free_memory_counts_every_process_and_the_node_publishes_it():
+    nvml = FakeNvml({0: [(1, 30 << 30)], 1: []})  # 80 GiB GPUs; 1 and 2 GiB held before
+    probe = GpuProbe(nvml)
+    assert probe.free_memory() == {0: (80 - 1 - 30) << 30, 1: (80 - 2) << 30}
+    # the hub's placement prefers nodes with the memory free now: the freer GPU's MiB
+    assert nodelabels.labels(probe) == {"jupyter-ckpt.io/gpu.memory.free": str(78 * 1024)}
+
+    class Broken:
+        def nvmlInit(self) -> None:
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    assert GpuProbe(Broken()).free_memory() == {}
+    assert nodelabels.labels(GpuProbe(Broken())) == {}, "no GPU, no label"
 
 
 def test_real_pynvml_on_this_machine():

@@ -36,6 +36,11 @@ def test_defaults_are_the_designed_ones():
         "autosave_interval": 600,
         "autosave_idle": 30,
         "autosave_concurrency": 1,
+        "gpu_demand": True,
+        "min_idle_on_demand": 120,
+        "demand_timeout": 300,
+        "demand_kernel_specs": {},
+        "demand_accounting": "device",
     }
 
 
@@ -70,6 +75,10 @@ def test_config_file_and_command_line():
         ("autosave_interval", -1, "autosave_interval must be at least 0"),
         ("autosave_idle", -1, "autosave_idle must be at least 0"),
         ("autosave_concurrency", 0, "autosave_concurrency must be greater than 0"),
+        ("min_idle_on_demand", -1, "min_idle_on_demand must be at least 0"),
+        ("demand_timeout", 0, "demand_timeout must be greater than 0"),
+        ("demand_kernel_specs", {"gpu": -1}, "demand_kernel_specs"),
+        ("demand_accounting", "pod", "demand_accounting"),
     ],
 )
 def test_bad_values_are_refused_with_the_trait_name(trait, value, message):
@@ -102,6 +111,23 @@ def test_kernelspec_metadata_overrides_autosave_like_idle_timeout(trait):
     assert policy.for_spec(trait, {"jupyter_ckpt": {trait: 0}}) == 0
     assert policy.for_spec(trait, {"jupyter_ckpt": {trait: "often"}}) == default
     assert policy.for_spec(trait, {"jupyter_ckpt": {"idle_timeout": 5}}) == default
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected_mib"),
+    [
+        (None, 2048),  # demand_kernel_specs
+        ({"jupyter_ckpt": {"gpu_memory_mb": 512}}, 512),
+        ({"jupyter_ckpt": {"gpu_memory_mb": 0}}, 0),
+        ({"jupyter_ckpt": {"gpu_memory_mb": "lots"}}, 0),
+        ({"jupyter_ckpt": {"gpu_memory_mb": -1}}, 0),
+        ({"jupyter_ckpt": {"gpu_memory_mb": True}}, 0),
+    ],
+)
+def test_a_kernel_spec_demands_gpu_memory_by_metadata_or_config(metadata, expected_mib):
+    policy = SuspendPolicy(demand_kernel_specs={"gpu": 2048})
+    assert policy.gpu_demand_of("gpu", metadata) == expected_mib * 2**20
+    assert policy.gpu_demand_of("python3", None) == 0
 
 
 async def test_a_bad_value_stops_the_server_with_the_trait_name(tmp_path):
