@@ -79,6 +79,17 @@ class GpuSnapshot:
     device_util: dict[int, int] = field(default_factory=dict)
 
 
+def image_device_bytes(manifest: dict[str, Any]) -> dict[str, int]:
+    """GPU index (as a string, as usage reports it) -> bytes of the image's tensors that
+    lived there: what a restore of it must fit on each GPU."""
+    on_devices = manifest.get("gpu", {}).get("device_bytes", {})
+    return {
+        device.partition(":")[2] or "0": int(n)
+        for device, n in on_devices.items()
+        if device.startswith("cuda")
+    }
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

@@ -203,6 +203,7 @@ class GpuDemand:
                     if not demand.future.done():
                         demand.future.cancel()
             places[:] = [p for p in places if p.demands]
+        self.queues = {key: places for key, places in self.queues.items() if places}
         self._holds.pop(kernel_id, None)
         self._positions()
 
@@ -218,10 +219,10 @@ class GpuDemand:
         nbytes = self.policy.gpu_demand_of(kernel_name, spec.metadata)
         await self.request(kernel_id, nbytes, "spec")
 
-    async def before_restore(self, kernel_id: str, record: dict[str, Any]) -> bool:
-        """The restore of an image that held GPU memory waits for that memory, on each
-        device it held (its tensors go back where they were); whether it asked for any."""
-        by_device = (record.get("gpu") or {}).get("by_device") or {}
+    async def before_restore(self, kernel_id: str, by_device: dict[str, int]) -> bool:
+        """The restore or resume of an image that held GPU memory waits for that memory, on
+        each device it held (its tensors go back where they were); whether it asked for
+        any."""
         held = {int(d): int(n) for d, n in by_device.items() if n}
         if not (held and self.policy.gpu_demand):
             return False

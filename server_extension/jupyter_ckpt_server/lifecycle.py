@@ -87,7 +87,14 @@ from jupyter_client.session import Session
 from jupyter_core.utils import ensure_async
 
 from jupyter_ckpt import compat
-from jupyter_ckpt.errors import CkptError, IncompatibleImage, StoreError, StoreUnavailable
+from jupyter_ckpt.errors import (
+    CkptError,
+    GpuUnavailable,
+    IncompatibleImage,
+    StoreError,
+    StoreUnavailable,
+)
+from jupyter_ckpt.gpu import image_device_bytes
 from jupyter_ckpt.kernel import summarize_save
 from jupyter_ckpt.store import ImageStore
 
@@ -248,6 +255,7 @@ class KernelLifecycle:
     messages: int = 0  # messages clients sent it on websockets
     suspend_task: asyncio.Task[dict[str, Any]] | None = None  # shared by its callers
     restore_task: asyncio.Task[dict[str, Any]] | None = None  # shared by its callers
+    gpu_wait: asyncio.Future[bool] | None = None  # its wait for GPU memory (see .demand)
     # set once the restored kernel holds its state, before its record is written
     restore_ready: asyncio.Future[dict[str, Any]] | None = None
     timeline: Timeline | None = None  # the steps of the restore in progress
@@ -346,10 +354,10 @@ class Lifecycles:
         # async callable(step, kernel_id), awaited before each awaited step of a suspend
         # and a restore: widens each window for fault-injection tests
         self.step_hook: Callable[[str, str], Awaitable[None]] | None = None
-        # awaited before a restore starts the kernel, with its id and record: waits for
-        # the GPU memory its image held (see .demand; True if it asked for any), or
-        # raises CkptError saying why not
-        self.gpu_gate: Callable[[str, dict[str, Any]], Awaitable[bool]] | None = None
+        # awaited before an image's state goes back into a kernel, with the kernel's id and
+        # the GPU memory the image held per device: waits for that memory (see .demand;
+        # True if it asked for any), or raises CkptError saying why not
+        self.gpu_gate: Callable[[str, dict[str, int]], Awaitable[bool]] | None = None
         self.restore_count = 0
         self._resumes: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
         self._tasks: set[asyncio.Future[Any]] = set()  # see _background
@@ -721,6 +729,8 @@ class Lifecycles:
             self.saver.cancel(kernel_id)
             if lc.autosave is not None:
                 lc.autosave.cancel()
+            if lc.gpu_wait is not None:  # a restore or resume waiting for GPU memory
+                lc.gpu_wait.cancel()
         tasks = [lc.suspend_task, lc.restore_task]
         if action != "interrupt":
             tasks.append(lc.autosave)
@@ -1257,14 +1267,12 @@ class Lifecycles:
             self.events.failure("restore", kernel_id, trigger, exc, started)
             raise SuspendFailed(str(exc)) from exc
         timeline.mark("compatibility checked")
-        if self.gpu_gate is not None:  # the GPU memory its image held, when others hold it
-            try:
-                asked = await self.gpu_gate(kernel_id, record)
-            except CkptError as exc:  # it stays suspended, its image kept
-                self.events.failure("restore", kernel_id, trigger, exc, started)
-                raise SuspendFailed(str(exc)) from exc
-            if asked:
+        try:  # the GPU memory the kernel held, when others hold it now
+            if await self._gpu_memory(lc, (record.get("gpu") or {}).get("by_device") or {}):
                 timeline.mark("GPU memory free")
+        except CkptError as exc:  # it stays suspended, its image kept
+            self.events.failure("restore", kernel_id, trigger, exc, started)
+            raise SuspendFailed(str(exc)) from exc
         if manifest is not None:  # the files the restore reads, while the kernel starts
             self._background(asyncio.to_thread(readahead, self.store, manifest))
         lc.abort = None
@@ -1372,6 +1380,24 @@ class Lifecycles:
             await asyncio.sleep(delay)
             self._check(lc)
             delay = min(delay * 2, RESTORE_RETRY_MAX)
+
+    async def _gpu_memory(self, lc: KernelLifecycle, by_device: dict[str, int]) -> bool:
+        """Wait for the GPU memory an image held (device -> bytes) to be free for the
+        kernel; whether it asked for any. A shutdown or restart meanwhile ends the wait
+        (:meth:`settle`): GpuUnavailable, and the image is not restored."""
+        if self.gpu_gate is None or not any(by_device.values()):
+            return False
+        lc.gpu_wait = asyncio.ensure_future(self.gpu_gate(lc.kernel_id, by_device))
+        try:
+            return await lc.gpu_wait
+        except asyncio.CancelledError:
+            if not lc.gpu_wait.cancelled():
+                raise  # the caller was cancelled, not the wait
+            raise GpuUnavailable(
+                f"kernel {lc.kernel_id} was shut down or restarted while it waited for GPU memory"
+            ) from None
+        finally:
+            lc.gpu_wait = None
 
     def keep_standby(self) -> None:
         """A process standing by for each spec of the kernels suspended or being
@@ -1481,7 +1507,7 @@ class Lifecycles:
         self, image_id: str, path: str | None, kernel_name: str | None
     ) -> dict[str, Any]:
         started = time.perf_counter()
-        await self.ensure_compatible(image_id)
+        manifest = await self.ensure_compatible(image_id)
         if path:
             # as the session manager starts a notebook's kernel: in the notebook's
             # directory, with JPY_SESSION_NAME, so later images keep naming the notebook
@@ -1498,20 +1524,22 @@ class Lifecycles:
         failed: SuspendFailed | None
         async with lc.lock:
             try:
+                await self._gpu_memory(lc, image_device_bytes(manifest or {}))
                 async with self.progress.watch(kernel_id, "resume") as progress:
                     report = await self.rpc.call(
                         kernel_id,
                         f"restore({image_id!r}, progress={progress!r})",
                         self.policy.checkpoint_timeout,
                     )
-            except SuspendFailed as exc:
+            except (SuspendFailed, GpuUnavailable) as exc:
                 self.events.failure("resume", kernel_id, "api", exc, started)
-                failed = exc
+                failed = exc if isinstance(exc, SuspendFailed) else SuspendFailed(str(exc))
             else:
                 failed = None
                 await self._restored(lc, image_id)
         if failed is not None:
-            await self.km.shutdown_kernel(kernel_id)
+            if kernel_id in self.km:  # a shutdown may have ended the wait
+                await self.km.shutdown_kernel(kernel_id)
             raise failed
         session = await self._attach(path, kernel_id) if path else None
         await self._release(image_id)

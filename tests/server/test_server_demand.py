@@ -11,8 +11,16 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from deadlines import scaled
 from jupyter_ckpt_server.demand import GpuDemand
-from server_helpers import FakeNvml, fails_with, next_event, poll, python_kernelspec
+from server_helpers import (
+    FakeNvml,
+    fails_with,
+    next_event,
+    poll,
+    python_kernelspec,
+    text_of,
+)
 
 from jupyter_ckpt.errors import GpuUnavailable
 from jupyter_ckpt.gpu import GpuProbe
@@ -269,6 +277,59 @@ async def test_a_restore_waits_in_the_queue_then_gets_its_memory(
     )
     restores = await metric(jp_fetch, "jupyter_ckpt_restores_total", **labels)
     assert restores == restores_before + 1
+
+
+async def test_a_shutdown_ends_a_restore_s_wait_for_gpu_memory(
+    jp_fetch, connect, manager, demand, gpus
+):
+    """A user who gives up on a kernel waiting for GPU memory is not kept waiting behind
+    the queue: the shutdown withdraws the demand at once."""
+    kernel_id = await start(jp_fetch)
+    await (await connect(kernel_id)).execute("weights = 41")
+    hold(gpus, manager, kernel_id, 3 * GiB)
+    await manager.suspend(kernel_id)
+    gpus.processes[0].append((os.getpid(), 4 * GiB))  # nothing suspendable makes room
+    manager.policy.demand_timeout = 600
+    client = await connect(kernel_id)
+    client.send("execute_request", {"code": "weights + 1", "silent": False})
+    await poll(lambda: demand.status_of(kernel_id), what="the restore to wait for a GPU")
+
+    await asyncio.wait_for(
+        jp_fetch("api", "kernels", kernel_id, method="DELETE"), scaled(30)
+    )  # fmt: skip
+    assert kernel_id not in manager.kernel_manager
+    assert (demand.status_of(kernel_id), demand.to_json()) == (None, {"queues": {}})
+
+
+async def test_a_resume_waits_for_the_memory_its_image_held(
+    jp_fetch, connect, manager, demand, gpus, monkeypatch
+):
+    source = await start(jp_fetch)
+    await (await connect(source)).execute("weights = 41")
+    body = json.dumps({"name": "weights"})
+    await jp_fetch("api", "ckpt", "kernels", source, "checkpoint", method="POST", body=body)
+    await jp_fetch("api", "kernels", source, method="DELETE")
+    # the image's tensors lived on GPU 0 (the suite has no GPU to put them there)
+    monkeypatch.setattr(
+        "jupyter_ckpt_server.lifecycle.image_device_bytes", lambda manifest: {"0": 3 * GiB}
+    )
+    gpus.processes[0].append((os.getpid(), 3 * GiB))  # 2 GiB free of the 3 needed
+    manager.policy.demand_timeout = 600
+    resume = asyncio.ensure_future(
+        jp_fetch("api", "ckpt", "images", "weights", "resume", method="POST", body="{}")
+    )
+    waiting = await poll(
+        lambda: next(iter(demand.to_json()["queues"].get("0", [])), None),
+        what="the resume to wait for a GPU",
+    )
+    assert demand.status_of(waiting)["source"] == "restore"
+    assert not resume.done()
+    gpus.processes[0] = []
+    answer = json.loads((await asyncio.wait_for(resume, scaled(60))).body)
+    assert answer["kernel"]["id"] == waiting
+    client = await connect(waiting)
+    _, outputs = await client.execute("weights + 1")
+    assert text_of(outputs) == "42"
 
 
 async def test_the_kernel_asks_with_ckpt_gpu_and_sees_its_place(
