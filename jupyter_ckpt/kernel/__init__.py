@@ -375,6 +375,9 @@ def autosave_result() -> dict[str, Any]:
 
 # how often a kernel waiting for a GPU reads the server's answer
 GPU_ANSWER_POLL_SECONDS = 0.1
+# the server answers a request file within a second (it reads them every half second): no
+# answer at all after this long means no server takes demands (it stopped, or is too old)
+GPU_NO_ANSWER_SECONDS = 30.0
 
 
 def request_gpu(mib: float, device: int | None = None, timeout: float | None = None) -> int | None:
@@ -396,11 +399,19 @@ def request_gpu(mib: float, device: int | None = None, timeout: float | None = N
     gpurequest.remove(answer)  # a previous demand's
     user = os.environ.get("JUPYTER_CKPT_USER")
     gpurequest.write(request, {"bytes": int(mib * 2**20), "device": device, "user": user})
-    deadline = None if timeout is None else time.monotonic() + timeout
+    asked = time.monotonic()
+    deadline = None if timeout is None else asked + timeout
     shown = None
+    heard = False
     try:
         while True:
             reply = gpurequest.read(answer) or {}
+            heard = heard or bool(reply)
+            if not heard and time.monotonic() - asked > GPU_NO_ANSWER_SECONDS:
+                raise GpuUnavailable(
+                    f"the server did not take the demand within {GPU_NO_ANSWER_SECONDS:.0f} s"
+                    " (is the jupyter-ckpt server extension running?)"
+                )
             if reply.get("state") == "granted":
                 gpurequest.remove(answer)
                 return reply.get("device")
