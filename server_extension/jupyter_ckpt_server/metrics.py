@@ -5,17 +5,22 @@ they are defined once per process (a registry refuses a name twice). Most are co
 the server's own jupyter_ckpt events (:class:`MetricsListener`), so that every suspend and
 restore is counted whoever started it; the demand queue sets its own.
 
-A kernel suspended while it held GPU memory counts that memory as freed, and the seconds
-from its suspension to its restore as GPU-seconds released (counted at the restore).
+A kernel suspended while it held GPU memory counts that memory as freed, and each second
+it stays suspended as a GPU-second released: that counter is read at each scrape, so a
+dashboard sees the seconds of kernels still suspended, not only of those restored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from jupyter_ckpt.store import ImageStore
 
@@ -50,10 +55,25 @@ GPU_FREED = Counter(
     "GPU memory held by kernels when they were suspended, by reason.",
     ["reason"],
 )
-GPU_SECONDS = Counter(
-    "jupyter_ckpt_gpu_seconds_released",
-    "Seconds kernels that held GPU memory spent suspended (counted at their restore).",
-)
+
+
+class _GpuSecondsReleased(Collector):
+    """The seconds kernels that held GPU memory have spent suspended, over every server
+    of the process, up to the scrape."""
+
+    def __init__(self) -> None:
+        self.listeners: weakref.WeakSet[MetricsListener] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "jupyter_ckpt_gpu_seconds_released",
+            "Seconds kernels that held GPU memory spent suspended, up to now.",
+            value=sum(listener.released_seconds() for listener in list(self.listeners)),
+        )
+
+
+GPU_SECONDS = _GpuSecondsReleased()
+REGISTRY.register(GPU_SECONDS)
 DEMAND_QUEUE = Gauge("jupyter_ckpt_demand_queue_length", "GPU demands waiting now.")
 DEMAND_WAIT = Histogram(
     "jupyter_ckpt_demand_wait_seconds",
@@ -87,7 +107,9 @@ class MetricsListener:
         self.log = log
         # kernel id -> when it was suspended holding GPU memory (time.monotonic())
         self._released_at: dict[str, float] = {}
+        self._released_before = 0.0  # the seconds of kernels no longer suspended
         self._counting: asyncio.Future[None] | None = None
+        GPU_SECONDS.listeners.add(self)
 
     async def on_event(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
         action, status = data.get("action"), data.get("status")
@@ -114,10 +136,18 @@ class MetricsListener:
             self._released_at[kernel_id] = time.monotonic()
 
     def released_until_now(self, kernel_id: str) -> None:
-        """The kernel asked for its GPU back (its restore): count the time it went without."""
+        """The kernel asked for its GPU back (its restore) or went: its seconds without it
+        stop growing."""
         since = self._released_at.pop(kernel_id, None)
         if since is not None:
-            GPU_SECONDS.inc(time.monotonic() - since)
+            self._released_before += time.monotonic() - since
+
+    def released_seconds(self) -> float:
+        """GPU-seconds released up to now: those of kernels still suspended included."""
+        for kernel_id in [k for k in self._released_at if not self.lifecycles.is_suspended(k)]:
+            self.released_until_now(kernel_id)  # shut down while suspended
+        now = time.monotonic()
+        return self._released_before + sum(now - t for t in self._released_at.values())
 
     def _count_store(self) -> None:
         if self._counting is None or self._counting.done():

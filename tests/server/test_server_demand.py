@@ -260,6 +260,12 @@ async def test_a_restore_waits_in_the_queue_then_gets_its_memory(
         3 * GiB,
     )
     assert manager.kernel_manager.is_suspended(kernel_id)
+    # its GPU-seconds count while it stays suspended, not only once it is back
+    await poll(
+        lambda: above(jp_fetch, "jupyter_ckpt_gpu_seconds_released_total", released_before),
+        what="the GPU-seconds released so far",
+    )
+    released_while_suspended = await metric(jp_fetch, "jupyter_ckpt_gpu_seconds_released_total")
     gpus.processes[0] = [(os.getpid(), GiB)]  # the other process gives 1 GiB back
     reply = await client.reply_to(cell)
     assert reply["content"]["status"] == "ok"
@@ -271,10 +277,8 @@ async def test_a_restore_waits_in_the_queue_then_gets_its_memory(
         what="the cell's result",
     )
     assert result["content"]["data"]["text/plain"] == "42"
-    await poll(
-        lambda: above(jp_fetch, "jupyter_ckpt_gpu_seconds_released_total", released_before),
-        what="the GPU-seconds released",
-    )
+    released = await metric(jp_fetch, "jupyter_ckpt_gpu_seconds_released_total")
+    assert released > released_while_suspended
     restores = await metric(jp_fetch, "jupyter_ckpt_restores_total", **labels)
     assert restores == restores_before + 1
 
