@@ -291,7 +291,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
                 # on the same ports, what the server's watches last saw was the old
                 # process's (its "idle", its first message): the new one would be handed
                 # out before the server hears it, and its first cell go unseen
-                self.get_kernel(kernel_id).execution_state = "starting"
+                self.get_kernel(kernel_id).execution_state = "starting"  # type: ignore[attr-defined]
                 self.lifecycles.watch(kernel_id, True)
                 await self.lifecycles.started(kernel_id, self.lifecycles[kernel_id].launch)
             return restarted
