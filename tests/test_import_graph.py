@@ -69,17 +69,17 @@ def loops(graph: Graph) -> list[list[str]]:
     stack: list[str] = []
     on_stack: set[str] = set()
     groups: list[list[str]] = []
+    work: list[tuple[str, Iterator[str]]] = []  # the depth-first path, with edges left
+
+    def enter(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        work.append((node, iter(sorted(graph[node]))))
+
     for start in sorted(graph):
         if start in index:
             continue
-        work: list[tuple[str, Iterator[str]]] = []
-
-        def enter(node: str) -> None:
-            index[node] = low[node] = len(index)
-            stack.append(node)
-            on_stack.add(node)
-            work.append((node, iter(sorted(graph[node]))))
-
         enter(start)
         while work:
             node, edges = work[-1]
