@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from jupyter_server.services.kernels.handlers import _kernel_id_regex
 from traitlets import TraitError, default
 
 from jupyter_ckpt import compat
@@ -18,6 +17,7 @@ from jupyter_ckpt.store import ImageStore
 
 from . import startup
 from .autosave import Autosaver
+from .compat import KERNEL_ID
 from .configcheck import unknown_settings
 from .handlers import default_handlers
 from .kernelmanager import CkptKernelManager
@@ -120,7 +120,7 @@ class CkptExtensionApp(ExtensionApp):
             [
                 *default_handlers,
                 *startup.handlers,
-                (rf"/api/kernels/{_kernel_id_regex}/channels", CkptKernelWebsocketHandler),
+                (rf"/api/kernels/{KERNEL_ID}/channels", CkptKernelWebsocketHandler),
             ]
         )
 

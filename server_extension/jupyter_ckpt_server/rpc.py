@@ -27,6 +27,8 @@ from jupyter_ckpt.errors import (
 )
 from jupyter_ckpt.gpu import GpuProbe, GpuSnapshot, GpuUsage
 
+from . import compat
+
 # seconds between two checks that a kernel we wait for is still alive
 _LIVENESS_POLL = 1.0
 # seconds after our request's reply within which the kernel's idle status (on iopub,
@@ -264,11 +266,7 @@ class KernelRPC:
 
     def close_clients(self, kernel_id: str) -> None:
         """Close open websockets; clients reconnect and land on the suspended kernel."""
-        from jupyter_server.services.kernels.connection.channels import (
-            ZMQChannelsWebsocketConnection,
-        )
-
-        for key, handler in list(ZMQChannelsWebsocketConnection._open_sessions.items()):
+        for key, handler in list(compat.open_sessions().items()):
             if key.startswith(f"{kernel_id}:"):
                 handler.close()
 
