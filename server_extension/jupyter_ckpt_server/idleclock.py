@@ -9,10 +9,11 @@ client messages, and calls nothing above it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
+
+from .polling import poll
 
 if TYPE_CHECKING:
     from .kernelmanager import CkptKernelManager
@@ -40,21 +41,14 @@ class IdleClock:
         try:
             yield
         finally:
-            await _seen_done(kernel, last, timeout)
+            # the call's busy and idle status messages come on iopub, which may lag the
+            # reply: only once the server has seen them is the clock safe to put back
+            await poll(
+                lambda: kernel.last_activity != last and kernel.execution_state != "busy",
+                timeout,
+                0.005,
+            )
             if km.is_running(kernel_id) and self.client_messages(kernel_id) == messages:
                 if km.last_kernel_activity == kernel.last_activity:
                     km.last_kernel_activity = last_any
                 kernel.last_activity = last
-
-
-async def _seen_done(kernel: Any, last: Any, timeout: float) -> None:
-    """Wait until the server has seen the call's busy and idle status messages (they come
-    on iopub, which may lag the reply): only then is the idle clock safe to put back.
-    jupyter_server records them on the kernel's attributes and signals nothing, so they
-    are polled."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while kernel.last_activity == last or kernel.execution_state == "busy":
-        if loop.time() > deadline:
-            return
-        await asyncio.sleep(0.005)

@@ -45,6 +45,7 @@ from traitlets import Unicode
 
 from . import compat
 from .lifecycle import State
+from .polling import poll
 from .startup import records_loaded
 
 V1 = "v1.kernel.websocket.jupyter.org"
@@ -413,9 +414,8 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
                 connection._queue[:0] = self._queue
                 self._queue.clear()
                 return
-            deadline = asyncio.get_running_loop().time() + 30
-            while not connection.channels and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)  # the reconnect is still opening its streams
+            # the reconnect may still be opening its streams
+            await poll(lambda: bool(connection.channels), 30, 0.05)
         for queued in self._queue:
             connection.handle_incoming_message(queued)
         self._queue.clear()
