@@ -5,8 +5,8 @@ import. (:mod:`jupyter_ckpt.compat` is another matter: whether an image runs on 
 Checked against jupyter_server 2.14.2 (the oldest that pyproject.toml allows) and 2.21.1,
 with jupyter_client 8.10.0; ``tests/server/test_server_upstream_names.py`` checks that
 each name below exists in the installed versions, and CI runs jupyter_server's own kernels
-and sessions tests against both jupyter_server versions (.ci/run), which is what catches
-a changed meaning.
+and sessions tests against both jupyter_server versions (.ci/run, whose suite has the
+newest, and .ci/oldest-jupyter-server), which is what catches a changed meaning.
 
 Names used through this module:
 
