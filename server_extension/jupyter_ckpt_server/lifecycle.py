@@ -99,6 +99,7 @@ from jupyter_ckpt.kernel import summarize_save
 from jupyter_ckpt.store import ImageStore
 
 from . import kernelprocess
+from .backoff import backoff
 from .events import Events, now_iso
 from .policy import SuspendPolicy
 from .progress import ProgressWatch
@@ -1356,7 +1357,8 @@ class Lifecycles:
         waits (within ``checkpoint_timeout``, each wait shown as the restore's
         progress): an outage of seconds must not hand out an empty kernel."""
         deadline = time.monotonic() + self.policy.checkpoint_timeout
-        delay = RESTORE_RETRY_FIRST
+        delays = backoff(RESTORE_RETRY_FIRST, RESTORE_RETRY_MAX)
+        delay = next(delays)
         while True:
             try:
                 return await self.rpc.call(lc.kernel_id, call, self._timeout(deadline))
@@ -1379,7 +1381,7 @@ class Lifecycles:
                 )
             await asyncio.sleep(delay)
             self._check(lc)
-            delay = min(delay * 2, RESTORE_RETRY_MAX)
+            delay = next(delays)
 
     async def _gpu_memory(self, lc: KernelLifecycle, by_device: dict[str, int]) -> bool:
         """Wait for the GPU memory an image held (device -> bytes) to be free for the

@@ -30,7 +30,7 @@ from typing import Any
 
 from jupyter_ckpt.gpu import GpuSnapshot
 
-from . import work
+from . import compat, work
 from .manager import CkptManager, SuspendFailed
 
 # Retention also runs after every write; this catches images that age out meanwhile.
@@ -172,7 +172,7 @@ class IdleMonitor:
         timeout = policy.idle_timeout_for(kernel.kernel_spec.metadata)
         pid = manager.kernel_pid(kernel_id)
         usage = manager.gpu_usage(kernel_id, snapshot)
-        connections = km._kernel_connections.get(kernel_id, 0)
+        connections = compat.connections(km, kernel_id)
         a = Assessment(
             kernel_id=kernel_id,
             kernel_name=kernel.kernel_name,
