@@ -382,7 +382,12 @@ class IdleMonitor:
         ]
 
         async def check(a: Assessment) -> None:
-            await self._check_kernel(a, await self._measure_now(a.kernel_id), ask=self._asks)
+            try:
+                await self._check_kernel(a, await self._measure_now(a.kernel_id), ask=self._asks)
+            except KeyError:  # the kernel manager no longer has it
+                if km.is_running(a.kernel_id):
+                    raise
+                # suspended or shut down meanwhile (an idle tick's suspend): as assessed
 
         await asyncio.gather(*(check(a) for a in askable))
         return assessments
