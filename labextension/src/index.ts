@@ -170,14 +170,18 @@ function activate(
   };
   manager.sessions.runningChanged.connect(onRunning);
   manager.kernels.runningChanged.connect(onRunning);
-  // a notebook renamed here: its entry (and the images saved under its old name) go
-  // with it; a file deleted here: the entry's Resume finds out when clicked
+  // A notebook renamed or deleted here: the server, which follows each image's
+  // notebook by its file id, names its new path (or none) at once. Images written
+  // before notebooks had ids follow only the renames made here.
   manager.contents.fileChanged.connect(
     (_: unknown, change: Contents.IChangedArgs) => {
       const from = change.oldValue?.path;
       const to = change.newValue?.path;
       if (change.type === 'rename' && from && to) {
         sessions.noteRename(from, to);
+      }
+      if (change.type === 'rename' || change.type === 'delete') {
+        void sessions.refresh();
       }
     }
   );

@@ -23,6 +23,7 @@ from .handlers import default_handlers
 from .kernelmanager import CkptKernelManager
 from .manager import CkptManager
 from .monitor import IdleMonitor
+from .notebookids import NotebookIds
 from .policy import SuspendPolicy
 from .service import CkptService
 from .shutdown import StopGuard, grace_period_warning
@@ -90,6 +91,7 @@ class CkptExtensionApp(ExtensionApp):
             emit=lambda data: event_logger.emit(schema_id=SCHEMA_ID, data=data),
             session_manager=self.serverapp.session_manager,
         )
+        notebook_ids = NotebookIds(self.serverapp.web_app.settings, self.serverapp.root_dir)
         km.attach(
             self.manager.lifecycles,
             {
@@ -100,12 +102,15 @@ class CkptExtensionApp(ExtensionApp):
                 "JUPYTER_CKPT_BUFFER_BYTES": str(store.buffer_bytes),
                 "JUPYTER_CKPT_MAP_BUFFERS": "1" if store.map_buffers else "0",
             },
+            notebook_ids,
         )
         self.monitor = IdleMonitor(self.manager)
         # what a written image left out decides whether the kernel can be suspended
         event_logger.add_listener(schema_id=SCHEMA_ID, listener=self.monitor.on_event)
         self.autosaver = Autosaver(parent=self, manager=self.manager)
-        self.service = CkptService(self.manager, self.monitor, self.serverapp.session_manager)
+        self.service = CkptService(
+            self.manager, self.monitor, self.serverapp.session_manager, notebook_ids
+        )
         self.settings.update(
             jupyter_ckpt_manager=self.manager,
             jupyter_ckpt_monitor=self.monitor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from browser_helpers import ckpt_state, confirm, open_notebook, run_cell, wait_until
+from browser_helpers import ckpt_state, open_console, open_notebook, run_cell, wait_until
 from browser_lab import STEADY_KERNEL, Lab
 from playwright.sync_api import Locator, Page, expect
 
@@ -18,14 +18,10 @@ def kernel_menu_item(page: Page, command: str) -> Locator:
     return page.locator(f".lm-Menu-item[data-command='{command}']")
 
 
-def open_console(page: Page, lab: Lab) -> str:
-    """A new console on a kernel of its own, in front; returns its kernel's id."""
+def new_console(page: Page, lab: Lab) -> str:
+    """A new console on a kernel of its own, in front and connected; its kernel's id."""
     before = {s["id"] for s in lab.api("GET", "api/sessions")}
-    page.locator(".lm-MenuBar-itemLabel:text-is('File')").click()
-    page.locator(".lm-Menu-itemLabel:text-is('New')").click()
-    page.locator(".lm-Menu-itemLabel:text-is('Console')").click()
-    # JupyterLab asks which kernel (the tests' server has two kernel specs)
-    confirm(page, "Select")
+    open_console(page)
     console = page.locator(".jp-CodeConsole:not(.lm-mod-hidden)")
     expect(console.locator(".jp-CodeConsole-banner")).to_contain_text("IPython", timeout=90_000)
     [session] = [
@@ -41,7 +37,7 @@ def test_suspend_acts_on_the_console_in_front(page: Page, lab: Lab) -> None:
     open_notebook(page, lab, notebook)
     run_cell(page, "n = 1")
     notebook_kernel = lab.kernel_of(notebook)
-    console_kernel = open_console(page, lab)
+    console_kernel = new_console(page, lab)
     assert console_kernel != notebook_kernel
 
     # the console is in front: Kernel > Suspend Kernel Now suspends its kernel, not the

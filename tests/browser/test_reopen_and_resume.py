@@ -11,6 +11,7 @@ from browser_helpers import (
     confirm,
     entries,
     image_row,
+    open_console,
     open_notebook,
     open_panel,
     page_problems,
@@ -46,15 +47,6 @@ def runs_in_a_process(lab: Lab, kernel_id: str) -> bool:
         return pid is not None and "ipykernel" in " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False
-
-
-def open_console(page: Page) -> None:
-    """File > New > Console, on the default kernel (asked for: there are two specs)."""
-    page.locator(".lm-MenuBar-itemLabel:text-is('File')").click()
-    page.locator(".lm-Menu-itemLabel:text-is('New')").click()
-    page.locator(".lm-Menu-itemLabel:text-is('Console')").click()
-    confirm(page, "Select")
-    expect(page.locator(".jp-CodeConsole:not(.lm-mod-hidden)")).to_be_visible(timeout=30_000)
 
 
 def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> None:
