@@ -334,14 +334,14 @@ def capture(
         writer.abandon()
         raise
     if pickled_stream is not None:
-        for entry in group_entries:
-            held = entry["pickle"][0]
+        for group in group_entries:
+            held = group["pickle"][0]
             packed = [
                 buffer
-                for buffer, ref in zip(stream.buffers, entry["buffers"], strict=True)
+                for buffer, ref in zip(stream.buffers, group["buffers"], strict=True)
                 if ref[0] == held and isinstance(buffer, memoryview)
             ]
-            entry["canonical"] = canonical_digest(pickled_stream, packed)
+            group["canonical"] = canonical_digest(pickled_stream, packed)
     modules: set[str] = {i["module"].partition(".")[0] for i in pickled.imports}
     modules |= {m.partition(".")[0] for m in stream.pickler.modules}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import pickletools
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import blake3
 
@@ -72,14 +72,15 @@ def canonical_digest(stream: bytes, packed: Iterable[memoryview]) -> str:
             if name in _TEXT_OPS:
                 item, text = ("text", arg), arg
             elif name == "MEMOIZE" or name in _PUTS:
-                slot = slots if name == "MEMOIZE" else arg
+                slot = slots if name == "MEMOIZE" else cast(int, arg)
                 slots += name == "MEMOIZE"
                 if text is not None:
                     texts[slot], item = text, None
                 else:
                     others[slot], item = len(others), ("put",)
             elif name in _GETS:
-                item = ("text", texts[arg]) if arg in texts else ("get", others.get(arg))
+                slot = cast(int, arg)
+                item = ("text", texts[slot]) if slot in texts else ("get", others.get(slot))
             elif name == "FRAME":
                 item = None  # a frame's length follows the bytes
             if name not in _TEXT_OPS:

@@ -296,7 +296,7 @@ _NUMPY_NUMERIC = ("numpy._core.numeric", "numpy.core.numeric")
 
 
 def _owner_frombuffer(
-    numpys: Any, buffer: Any, dtype: Any, shape: tuple, order: str, *more: Any
+    numpys: Any, buffer: Any, dtype: Any, shape: tuple, order: Any, *more: Any
 ) -> Any:
     """numpy's ``_frombuffer`` (``numpys``) without its step through a 1-D array: a C- or
     F-ordered array comes back directly over its buffer, as the owner it was saved as.
