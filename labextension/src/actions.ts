@@ -621,7 +621,7 @@ export class CkptActions implements IRowActions {
     const result = await showDialog({
       title: trans.__('Replace the Kernel?'),
       body: trans.__(
-        "%1 has a running kernel. Resuming shuts it down and connects the notebook to the restored kernel; the running kernel's variables are lost unless you save its state first.",
+        '%1 has a running kernel. Resuming saves its variables to an image (labelled "replaced" in Saved Sessions, where you can resume it later), shuts it down and connects the notebook to the restored kernel. If that save fails, its variables are lost.',
         notebook
       ),
       buttons: [

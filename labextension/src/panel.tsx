@@ -479,7 +479,12 @@ export class SavedSessionsPanel extends ReactWidget {
             {note}
           </p>
         )}
-        {this._renderActions(row, label, tabbable)}
+        {this._renderActions(
+          row,
+          // an older image's buttons name the image: the entry's head has the same title
+          head ? label : trans.__('%1, image %2', label, imageLabel(image)),
+          tabbable
+        )}
         {older.length > 0 && (
           <details className="jp-CkptRow-older">
             <summary tabIndex={tabbable ? 0 : -1}>

@@ -52,7 +52,13 @@ def test_one_entry_per_notebook_across_rename_reload_and_tabs(page: Page, lab: L
         older = entry_of(panel, "final.ipynb").locator(".jp-CkptRow[data-image-id]")
         expect(older).to_have_count(1)
 
-    one_entry(open_panel(page))
+    panel = open_panel(page)
+    one_entry(panel)
+    # the head and the older image have buttons of their own names
+    labels = panel.locator("button[aria-label]").evaluate_all(
+        "buttons => buttons.map(b => b.getAttribute('aria-label'))"
+    )
+    assert len(labels) == len(set(labels)), labels
     # after a reload, which forgets the renames this page saw
     page.reload()
     one_entry(open_panel(page))
