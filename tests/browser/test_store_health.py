@@ -1,11 +1,23 @@
 """A store that cannot be written: the status says so and why, the panel shows a banner
-and keeps Delete disabled, and all of it clears once a save succeeds again."""
+and keeps Delete disabled, a failed save says why in one short sentence, and all of it
+clears once a save succeeds again."""
 
 from __future__ import annotations
 
 import re
 
-from browser_helpers import PANEL, image_row, open_notebook, open_panel, run_cell, screenshot
+from browser_helpers import (
+    PANEL,
+    confirm,
+    image_row,
+    open_notebook,
+    open_panel,
+    run_cell,
+    run_command,
+    screenshot,
+    toast,
+    toast_action,
+)
 from browser_lab import STEADY_KERNEL, Lab
 from harness import read_only
 from playwright.sync_api import Page, expect
@@ -38,6 +50,13 @@ def test_a_read_only_store_shows_a_banner_and_blocks_delete(page: Page, lab: Lab
         expect(delete).to_have_attribute("aria-disabled", "true")
         expect(delete).to_have_attribute("title", re.compile("no image can be deleted"))
         screenshot(page.locator(PANEL), "panel-store-read-only")
+        # Save Now fails in one short sentence, no server path; the rest behind details
+        run_command(page, "Save Kernel State Now")
+        failed = toast(page, "Could not save the kernel state")
+        expect(failed).to_have_text("Could not save the kernel state: the store is read-only.")
+        toast_action(page, "Could not save the kernel state", "Show details").click()
+        expect(page.locator(".jp-Dialog-content")).to_contain_text("mount it writable")
+        confirm(page, "Close")
 
     # writable again: the next save succeeds, and everything clears
     lab.api("POST", checkpoint, {})
