@@ -205,10 +205,8 @@ export function sessionRows(
     if (!recorded || !recorded.endsWith('.ipynb')) {
       return null;
     }
-    if (image.notebook_id) {
-      return recorded; // the file is gone: where it was
-    }
-    // an image without a file id: renames seen here are all there is to go by
+    // an image without a file id, or whose file is gone: the renames seen here are
+    // all there is to go by (a gone file: where it was last seen)
     const created = Date.parse(image.created ?? '') || 0;
     return followRenames(recorded, created, live.renames ?? []);
   };

@@ -51,6 +51,12 @@ def runs_in_a_process(lab: Lab, kernel_id: str) -> bool:
 
 def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> None:
     problems = page_problems(page)
+    # this test's sessions: other tests' kernels may still run on the shared server
+    before = {s["id"] for s in lab.api("GET", "api/sessions")}
+
+    def mine() -> list[dict]:
+        return [s for s in lab.api("GET", "api/sessions") if s["id"] not in before]
+
     first, second = lab.notebook("reopen-a.ipynb"), lab.notebook("reopen-b.ipynb")
     open_notebook(page, lab, second)
     run_cell(page, "b = 2")
@@ -61,11 +67,9 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     run_cell(page, "a = 1")
     open_console(page)
     expect(current_tab).to_contain_text("Console")
-    wait_until(lambda: len(lab.api("GET", "api/sessions")) >= 3, 60, "three sessions")
-    kernels = [s["kernel"]["id"] for s in lab.api("GET", "api/sessions")]
-    console = next(
-        s["kernel"]["id"] for s in lab.api("GET", "api/sessions") if s["type"] == "console"
-    )
+    wait_until(lambda: len(mine()) >= 3, 60, "three sessions")
+    kernels = [s["kernel"]["id"] for s in mine()]
+    console = next(s["kernel"]["id"] for s in mine() if s["type"] == "console")
     suspend_idle(lab, *kernels)
 
     # JupyterLab reconnects to all three and asks for kernel info, comm info and history
