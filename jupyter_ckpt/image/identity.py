@@ -36,9 +36,10 @@ STATE_KEYS = (
 KERNEL_STATE_KEYS = ("notebook_path", "cwd", "env")
 
 
-# Streams up to this size get a canonical digest (a pass over their opcodes in Python);
-# larger ones are compared by their bytes.
-CANONICAL_MAX = 16 << 20
+# Streams up to this size get a canonical digest: a pass over their opcodes in Python,
+# about 2 MB/s, so at most half a second on a save (arrays and tensors go out of band:
+# their streams are small). Larger ones are compared by their bytes.
+CANONICAL_MAX = 1 << 20
 
 _TEXT_OPS = frozenset(
     {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
