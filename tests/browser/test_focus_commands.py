@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import re
 
-from browser_helpers import ckpt_state, open_console, open_notebook, run_cell, wait_until
+from browser_helpers import (
+    STATUS,
+    SUSPENDED,
+    ckpt_state,
+    open_console,
+    open_notebook,
+    run_cell,
+    wait_until,
+)
 from browser_lab import STEADY_KERNEL, Lab
 from playwright.sync_api import Locator, Page, expect
 
@@ -47,6 +55,8 @@ def test_suspend_acts_on_the_console_in_front(page: Page, lab: Lab) -> None:
     item.click()
     wait_until(lambda: ckpt_state(lab, console_kernel) == "suspended", 90, "the console's suspend")
     assert ckpt_state(lab, notebook_kernel) == "running"
+    # the page has heard of it: the status bar follows the console in front
+    expect(page.locator(STATUS)).to_have_text(SUSPENDED, timeout=30_000)
     # now blocked in the console, which says why
     item = kernel_menu_item(page, SUSPEND)
     expect(item).to_have_attribute("aria-disabled", "true")
