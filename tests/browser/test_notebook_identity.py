@@ -55,9 +55,8 @@ def test_one_entry_per_notebook_across_rename_reload_and_tabs(page: Page, lab: L
     panel = open_panel(page)
     one_entry(panel)
     # the head and the older image have buttons of their own names
-    labels = panel.locator("button[aria-label]").evaluate_all(
-        "buttons => buttons.map(b => b.getAttribute('aria-label'))"
-    )
+    buttons = entry_of(panel, "final.ipynb").locator("button[aria-label]")
+    labels = buttons.evaluate_all("buttons => buttons.map(b => b.getAttribute('aria-label'))")
     assert len(labels) == len(set(labels)), labels
     # after a reload, which forgets the renames this page saw
     page.reload()
