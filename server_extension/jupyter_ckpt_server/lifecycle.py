@@ -96,6 +96,7 @@ from jupyter_ckpt.errors import (
 )
 from jupyter_ckpt.gpu import image_device_bytes
 from jupyter_ckpt.kernel import summarize_save
+from jupyter_ckpt.kernel.state import NOTEBOOK_ID_ENV
 from jupyter_ckpt.store import ImageStore
 
 from . import kernelprocess
@@ -1309,9 +1310,11 @@ class Lifecycles:
             async with self.progress.watch(kernel_id, "restore") as progress:
                 # who the kernel is: a process that stood by was started as no one
                 notebook = env.get("JPY_SESSION_NAME")
+                notebook_id = env.get(NOTEBOOK_ID_ENV)
                 call = (
                     f"restore({record['image_id']!r}, progress={progress!r}, "
-                    f"kernel_id={kernel_id!r}, notebook={notebook!r})"
+                    f"kernel_id={kernel_id!r}, notebook={notebook!r}, "
+                    f"notebook_id={notebook_id!r})"
                 )
                 timeline.mark("restore request sent")
                 report.update(await self._read_image(lc, call, timeline))
