@@ -66,28 +66,36 @@ def canonical_digest(stream: bytes, packed: Iterable[memoryview]) -> str:
     slots = 0
     source = io.BytesIO(stream)
     while source.tell() < len(stream):  # one pickle per variable, one after another
+        ops = list(pickletools.genops(source))
+        ends = [pos for _, _, pos in ops[1:]] + [source.tell()]
         text: Any = None
-        for op, arg, _ in pickletools.genops(source):
+        for (op, arg, start), end in zip(ops, ends, strict=True):
             name = op.name
-            item: tuple[Any, ...] | None = (name, arg)
+            # an op as written (never its decoded argument: an int of more digits than
+            # str() converts would fail), or what it stands for
+            item: bytes | None = stream[start:end]
             if name in _TEXT_OPS:
-                item, text = ("text", arg), arg
+                item, text = b"t" + repr(arg).encode(), arg
             elif name == "MEMOIZE" or name in _PUTS:
                 slot = slots if name == "MEMOIZE" else cast(int, arg)
                 slots += name == "MEMOIZE"
                 if text is not None:
                     texts[slot], item = text, None
                 else:
-                    others[slot], item = len(others), ("put",)
+                    others[slot], item = len(others), b"p"
             elif name in _GETS:
                 slot = cast(int, arg)
-                item = ("text", texts[slot]) if slot in texts else ("get", others.get(slot))
+                if slot in texts:
+                    item = b"t" + repr(texts[slot]).encode()
+                else:
+                    item = b"g%d" % others.get(slot, -1)
             elif name == "FRAME":
                 item = None  # a frame's length follows the bytes
             if name not in _TEXT_OPS:
                 text = None
             if item is not None:
-                digest.update(repr(item).encode())
+                digest.update(len(item).to_bytes(8, "little"))
+                digest.update(item)
     for buffer in packed:
         digest.update(len(buffer).to_bytes(8, "little"))
         digest.update(buffer)

@@ -84,9 +84,21 @@ def run_command(page: Page, label: str) -> None:
 
 
 def open_panel(page: Page) -> Locator:
+    """The saved-sessions panel, opened. After a (re)load, JupyterLab restores its layout
+    (an open sidebar panel included) until its splash screen goes: the sidebar tab
+    toggles, so a click before that could close what the restore opens."""
     panel = page.locator(PANEL)
-    if not panel.is_visible():  # the sidebar tab toggles: a second click would close it
-        page.locator(f".jp-SideBar [data-id='{PANEL[1:]}']").click()
+    tab = page.locator(f".jp-SideBar [data-id='{PANEL[1:]}']")
+    expect(tab).to_be_visible()
+    for _ in range(3):  # a restore may still close what a click opened: look again
+        expect(page.locator("#jupyterlab-splash")).to_have_count(0)
+        if not panel.is_visible() and "lm-mod-current" not in (tab.get_attribute("class") or ""):
+            tab.click()
+        try:
+            expect(panel).to_be_visible(timeout=10_000)
+            return panel
+        except AssertionError:
+            continue
     expect(panel).to_be_visible()
     return panel
 
