@@ -1,0 +1,25 @@
+"""Which kernel specs have a process standing by (the server's :mod:`..standby` starts
+them): those of the kernels suspended or being suspended, whose restore then starts at
+once."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from .states import State
+
+if TYPE_CHECKING:
+    from .owner import Lifecycles
+
+
+def keep_standby(owner: Lifecycles) -> None:
+    """A process standing by for each spec of the kernels suspended or being suspended,
+    and none for others."""
+    if owner.stopping:
+        return
+    names = {lc.record["kernel_name"] for lc in owner.in_state(State.SUSPENDED) if lc.record}
+    for lc in owner.in_state(State.SUSPENDING):
+        if owner.km.has_process(lc.kernel_id):
+            names.add(owner.km.get_kernel(lc.kernel_id).kernel_name)
+    owner.standby.want(names, {**os.environ, **owner.km.ckpt_env})
