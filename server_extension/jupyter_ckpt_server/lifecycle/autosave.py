@@ -1,6 +1,7 @@
 """An autosave: running (or restore-failed) -> autosaving -> back, its image recorded in
 a running record so that a crash is recoverable from it. The server's
-:mod:`..autosave` decides when, and writes the image in the background; this records it."""
+:mod:`jupyter_ckpt_server.autosave` decides when, and writes the image in the background;
+this records it."""
 
 from __future__ import annotations
 

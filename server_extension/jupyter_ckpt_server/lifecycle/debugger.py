@@ -1,6 +1,6 @@
 """What a kernel's debugger says of itself, kept in its record at suspend: JupyterLab asks
-for it on every connect, and a suspended kernel answers from it (see :mod:`..websocket`)
-rather than leave the question waiting for a restore."""
+for it on every connect, and a suspended kernel answers from it (see
+:mod:`jupyter_ckpt_server.websocket`) rather than leave the question waiting for a restore."""
 
 from __future__ import annotations
 

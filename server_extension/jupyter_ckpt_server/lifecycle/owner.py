@@ -79,8 +79,9 @@ class Lifecycles:
         # and a restore: widens each window for fault-injection tests
         self.step_hook: Callable[[str, str], Awaitable[None]] | None = None
         # awaited before an image's state goes back into a kernel, with the kernel's id and
-        # the GPU memory the image held per device: waits for that memory (see ..demand;
-        # True if it asked for any), or raises CkptError saying why not
+        # the GPU memory the image held per device: waits for that memory (see
+        # jupyter_ckpt_server.demand; True if it asked for any), or raises CkptError saying
+        # why not
         self.gpu_gate: Callable[[str, dict[str, int]], Awaitable[bool]] | None = None
         self.restore_count = 0
         self.standby = Standby(kernel_manager, rpc, log)
@@ -122,10 +123,10 @@ class Lifecycles:
 
     def holds_sockets(self, kernel_id: str) -> bool:
         """Whether a new websocket to the kernel is served without its process (see
-        :mod:`..websocket`): while it is suspended, and while a suspend is under way, whose
-        end decides which process answers the socket's messages. A socket attached to the
-        process being suspended could send a cell that reaches it after the suspend's last
-        check, just before it is stopped: that cell would be lost."""
+        :mod:`jupyter_ckpt_server.websocket`): while it is suspended, and while a suspend is
+        under way, whose end decides which process answers the socket's messages. A socket
+        attached to the process being suspended could send a cell that reaches it after the
+        suspend's last check, just before it is stopped: that cell would be lost."""
         lc = self.kernels.get(kernel_id)
         return lc is not None and (lc.state is S.SUSPENDING or self.is_suspended(kernel_id))
 

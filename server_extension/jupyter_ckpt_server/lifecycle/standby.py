@@ -1,6 +1,6 @@
-"""Which kernel specs have a process standing by (the server's :mod:`..standby` starts
-them): those of the kernels suspended or being suspended, whose restore then starts at
-once."""
+"""Which kernel specs have a process standing by (the server's
+:mod:`jupyter_ckpt_server.standby` starts them): those of the kernels suspended or being
+suspended, whose restore then starts at once."""
 
 from __future__ import annotations
 

@@ -90,8 +90,9 @@ class Start:
         """A kernel process started (fresh, restarted, or for a restore): wait until the
         server's watch receives its messages before it is handed out; start the process
         again, on new ports, only on evidence that it cannot answer (see
-        :mod:`..kernelprocess`: it holds no state yet, and every client would wait for it
-        in vain). A silent process is slow: it is waited for, never killed."""
+        :mod:`jupyter_ckpt_server.kernelprocess`: it holds no state yet, and every client
+        would wait for it in vain). A silent process is slow: it is waited for, never
+        killed."""
         owner = self.owner
         lc = owner.kernels.setdefault(kernel_id, KernelLifecycle(kernel_id, S.RUNNING))
         lc.launch = launch

@@ -68,7 +68,8 @@ class KernelLifecycle:
     messages: int = 0  # messages clients sent it on websockets
     suspend_task: asyncio.Task[dict[str, Any]] | None = None  # shared by its callers
     restore_task: asyncio.Task[dict[str, Any]] | None = None  # shared by its callers
-    gpu_wait: asyncio.Future[bool] | None = None  # its wait for GPU memory (see ..demand)
+    # its wait for GPU memory (see jupyter_ckpt_server.demand)
+    gpu_wait: asyncio.Future[bool] | None = None
     # set once the restored kernel holds its state, before its record is written
     restore_ready: asyncio.Future[dict[str, Any]] | None = None
     timeline: Timeline | None = None  # the steps of the restore in progress
