@@ -133,7 +133,7 @@ def image_payload(namespace: dict[str, Any], where: str) -> list[memoryview]:
         manifest = capture(dict(namespace), namespace, store.writer(), name="payload")
         return list(store.read_segments(manifest))  # segments are read on first use
     finally:
-        store._pool.shutdown()
+        store.pool.shutdown()
         shutil.rmtree(where)
 
 
@@ -268,7 +268,7 @@ class Ckpt(Contender):
     def close(self, where: str) -> None:
         store = self.stores.pop(where, None)
         if store is not None:
-            store._pool.shutdown()
+            store.pool.shutdown()
 
     def save(self, work: Workload, where: str) -> dict[str, Any]:
         ns = work.namespace

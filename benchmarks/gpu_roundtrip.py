@@ -269,7 +269,7 @@ def round_trip(
         seconds, _ = timed(load, lambda: conditions.ready(0, evict=[where]))
         timings.add(WORKLOAD, "ckpt", "restore", seconds)
     finally:
-        store._pool.shutdown()
+        store.pool.shutdown()
     if not check_it:
         return True
     problems = check(ns, restored, torch)

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 extra, seconds = peak_over(save)
             finally:
-                store._pool.shutdown()
+                store.pool.shutdown()
             report_figure(
                 "gpu_save_memory",
                 f"peak host RSS over the start, saving {human_size(nbytes)} of GPU state",

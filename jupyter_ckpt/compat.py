@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from .errors import CkptError
 
 NODE_FACTS_ENV = "JUPYTER_CKPT_NODE_FACTS"
@@ -76,8 +78,20 @@ def _installed_version(module: str) -> str | None:
     return None
 
 
-def _major(version: str) -> str:
-    return version.split(".", 1)[0]
+def _release(version: str, parts: int) -> tuple[int, ...] | None:
+    """The first ``parts`` numbers of a version (PEP 440; NVIDIA's driver versions are
+    ones too), or None where it is not a version."""
+    try:
+        return Version(version).release[:parts]
+    except InvalidVersion:
+        return None
+
+
+def _majors_differ(a: str, b: str) -> bool:
+    """Whether two versions' major releases differ; where one is no version, the two
+    cannot be told apart by major, and their difference is only a warning."""
+    majors = _release(a, 1), _release(b, 1)
+    return None not in majors and majors[0] != majors[1]
 
 
 def _capability(text: str | None) -> tuple[int, int] | None:
@@ -249,8 +263,8 @@ def gpu_check(needs: GpuNeeds, node: dict[str, Any]) -> tuple[list[str], list[st
             warnings.append(
                 f"saved on a GPU of compute capability {saved}, this node's is {best[0]}.{best[1]}"
             )
-    driver = _major(str(node.get("driver", "")))
-    if needs.min_driver and driver.isdigit() and int(driver) < needs.min_driver:
+    driver = _release(str(node.get("driver", "")), 1)
+    if needs.min_driver and driver is not None and driver[0] < needs.min_driver:
         problems.append(
             f"saved by a framework built for CUDA {needs.cuda}, which needs NVIDIA driver "
             f"{needs.min_driver} or newer; this node has {node['driver']}"
@@ -274,7 +288,7 @@ def assess(
     env = manifest.get("environment", {})
     saved_python = env.get("python", "")
     python = node.get("python") or (platform.python_version() if here else None)
-    if python and saved_python.split(".")[:2] != python.split(".")[:2]:
+    if python and _release(saved_python, 2) != _release(python, 2):
         problems.append(f"saved with Python {saved_python}, this is Python {python}")
     packages = node.get("packages") or {}
     for module, saved in sorted(env.get("packages", {}).items()):
@@ -286,7 +300,7 @@ def assess(
             continue
         if installed is None:
             problems.append(f"{module} {saved} is not installed")
-        elif _major(installed) != _major(saved):
+        elif _majors_differ(installed, saved):
             problems.append(f"{module} {saved} saved, {installed} installed (major differs)")
         elif installed != saved:
             warnings.append(f"{module} {saved} saved, {installed} installed")

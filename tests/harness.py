@@ -257,6 +257,10 @@ class Outage:
         await asyncio.gather(pipe(reader, up_writer, slow=True), pipe(up_reader, writer))
 
 
+# how many kernels a test's Kernel starts at most when one dies before it answers
+KERNEL_START_ATTEMPTS = 3
+
+
 class Kernel:
     """A running ipykernel and a blocking client to talk to it."""
 
@@ -265,12 +269,21 @@ class Kernel:
         workdir = cwd or paths.root / "cwd"
         workdir.mkdir(parents=True, exist_ok=True)
         self.manager: KernelManager
-        self.manager, self.client = start_new_kernel(
-            kernel_name="python3",
-            env=paths.env(),
-            cwd=str(workdir),
-            startup_timeout=scaled(EXEC_TIMEOUT),
-        )
+        for attempt in range(KERNEL_START_ATTEMPTS):
+            try:
+                self.manager, self.client = start_new_kernel(
+                    kernel_name="python3",
+                    env=paths.env(),
+                    cwd=str(workdir),
+                    startup_timeout=scaled(EXEC_TIMEOUT),
+                )
+                break
+            except RuntimeError:
+                # jupyter_client picks free ports and the kernel binds them later: under
+                # parallel tests another process (an S3 server, a kernel) may take one
+                # between the two, and the kernel exits with "Address already in use"
+                if attempt + 1 == KERNEL_START_ATTEMPTS:
+                    raise
         self.last_execution_count: int | None = None
 
     def run(self, code: str, timeout: float = EXEC_TIMEOUT) -> str:

@@ -53,6 +53,7 @@ from ..gpu import nvidia_device_open
 from ..image import devices, hostcopy
 from ..store import ImageStore
 from .activity import user_threads
+from .summary import failure, newest_manifest, summarize_save, unsaveable_ids
 
 # Seconds a child may run before its alarm kills it (the server gives up at its own
 # checkpoint_timeout, which it passes in).
@@ -289,8 +290,6 @@ def _name_process(name: str) -> None:
 
 
 def _save(session: Any, name: str, states: tuple[dict[str, Any], dict[str, str]]) -> dict[str, Any]:
-    from . import failure, newest_manifest, summarize_save, unsaveable_ids
-
     started = time.perf_counter()
     try:
         store = ImageStore(config=session.shell.config)  # its own I/O threads

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import PurePath
 from typing import Any
 
+import psutil
+
 from .. import process
 
 # IPython hides its own names (In, _i3, _3, exit, ...) in ``user_ns_hidden``; the names it
@@ -22,17 +24,12 @@ _IPYTHON_UNHIDDEN = frozenset({"_exit_code"})
 
 
 def _launch_environment() -> dict[str, str]:
-    """The environment the kernel process started with (Linux keeps it in /proc)."""
+    """The environment the kernel process started with, as the system keeps it (on Linux
+    /proc/self/environ); where it cannot be read, the environment now."""
     try:
-        with open("/proc/self/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
+        env: dict[str, str] = psutil.Process().environ()
+    except (psutil.Error, NotImplementedError, OSError):
         return dict(os.environ)
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[os.fsdecode(key)] = os.fsdecode(value)
     return env
 
 

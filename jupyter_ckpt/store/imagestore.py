@@ -16,7 +16,7 @@ import json
 import os
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,15 +32,12 @@ from ..errors import (
     ImageInUse,
     ImageNotFound,
     IntegrityError,
-    InvalidReference,
     StoreUnavailable,
 )
 from .backends import LocalBackend, local_path, open_backend
 from .encryption import (
-    AES_GCM,
     ENCRYPTIONS,
     NONE,
-    Chunks,
     Cipher,
     PlainChunks,
     Sealer,
@@ -57,23 +54,22 @@ from .layout import (
     chunk_path,
     manifest_path,
 )
-from .leases import Lease, live_leases
+from .leases import live_leases
 from .mapping import Mapper, can_map
 from .progress import Progress
-from .reading import Segments, allocate
+from .reading import Segments
 from .records import KernelRecords
 from .rekey import Outcome, rekey
 from .signing import Signer
+from .space import ChunkSpace
 from .users import check_user, prepare_local, user_prefix
 from .writer import ImageWriter
 
 # What JUPYTER_CKPT_MAP_BUFFERS may say to switch mapping off.
 OFF = frozenset({"0", "false", "no", "off"})
-# Where a store that holds encrypted images says so (:meth:`ImageStore.follow_store_encryption`).
-ENCRYPTION_SETTING = "encryption.json"
 
 
-class ImageStore(LoggingConfigurable):
+class ImageStore(LoggingConfigurable, ChunkSpace):
     """Where images live: ``ImageStore.url`` (or ``JUPYTER_CKPT_STORE``) is the root, and
     this store reads and writes only ``<root>/users/<ImageStore.user>/`` (:mod:`.users`)."""
 
@@ -240,17 +236,13 @@ class ImageStore(LoggingConfigurable):
             prefix = f"{root.url}/{user_prefix(self.user)}"
         #: The store's root as kernels and other processes must be given it (absolute).
         self.root_url = root.url
-        #: This user's part of the store: every read and write goes through it.
         self.backend = open_backend(prefix, **options)
         self.signer = Signer(self.secret_file, self.secret or None, self._may_create_secret())
         self.cipher = Cipher(self.signer)
-        encrypt = self.encryption != NONE
-        #: Signs (and with encryption, encrypts) manifests, records, the index and leases.
-        self.sealer = Sealer(self.signer, self.cipher, encrypt)
-        self._chunk_forms = chunk_forms(self.cipher)
-        #: How this store writes chunks; each image is read as its manifest says.
-        self.chunks = self._chunk_forms[self.encryption]
-        self._pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
+        self.sealer = Sealer(self.signer, self.cipher, self.encryption != NONE)
+        self.chunk_forms = chunk_forms(self.cipher)
+        self.chunks = self.chunk_forms[self.encryption]
+        self.pool = ThreadPoolExecutor(max(1, self.io_threads), thread_name_prefix="ckpt-io")
         self._index = ManifestIndex(self.backend, self.sealer, self.log)
         self._collected_at = -float("inf")
 
@@ -267,7 +259,7 @@ class ImageStore(LoggingConfigurable):
 
     def close(self) -> None:
         """Stop the I/O threads (a long-lived process that opens many stores, as a hub)."""
-        self._pool.shutdown(wait=False)
+        self.pool.shutdown(wait=False)
 
     # -- writing -------------------------------------------------------------------------
 
@@ -275,81 +267,7 @@ class ImageStore(LoggingConfigurable):
         self.follow_store_encryption()
         return ImageWriter(self, progress)
 
-    def follow_store_encryption(self) -> None:
-        """Encrypt what this store writes from now on if the store says its images are
-        encrypted (``rekey --encryption`` wrote that), whatever ``encryption`` says here:
-        a kernel or server configured without it must not add plaintext to an encrypted
-        store. Removing ``<url>/users/<user>/encryption.json`` allows plaintext again.
-        The file is not checked: whoever could plant one can only make writes encrypted."""
-        if self.sealer.encrypt or not self.backend.exists(ENCRYPTION_SETTING):
-            return
-        self.log.info("The store %s is encrypted: new images are too", self.backend.url)
-        self.encryption = AES_GCM
-        self.sealer.encrypt = True
-        self.chunks = self._chunk_forms[AES_GCM]
-
-    def mark_encrypted(self) -> None:
-        """Record in the store that its images are encrypted (see
-        :meth:`follow_store_encryption`)."""
-        setting = self.sealer.seal({"encryption": AES_GCM}, "setting")
-        self.backend.write_atomic(ENCRYPTION_SETTING, setting)
-
-    def _put_chunk(
-        self, data: memoryview, claim: Callable[[str], bool], chunks: Chunks | None = None
-    ) -> tuple[str, int, str | None]:
-        """(digest, bytes written, staged file or None); the commit publishes the staged.
-        Written as this store writes chunks, or as ``chunks`` says (a rekey).
-
-        The chunk is hashed (and encrypted) from one private copy: a thread that changes
-        the buffer meanwhile can make the image a mix of old and new values, but never a
-        chunk whose bytes do not match its name.
-        """
-        chunks = chunks or self.chunks
-        data = memoryview(bytes(data))
-        digest = chunks.name(data)
-        path = chunk_path(digest)
-        # A reusable chunk is refreshed, not skipped: an unreferenced one (of a deleted
-        # image) would otherwise look old to a concurrent gc and go before our manifest.
-        if not claim(digest) or self.backend.reusable(path, GC_GRACE_SECONDS / 2):
-            return digest, 0, None
-        return digest, len(data), self.backend.stage(path, chunks.encode(digest, data))
-
-    def lease(self) -> Lease:
-        """Tell gc that a writer may be reusing unreferenced chunks (see :mod:`.leases`)."""
-        return Lease(self.backend, self.sealer)
-
-    def missing_chunks(self, manifest: dict[str, Any]) -> list[str]:
-        """The chunks an image names that are not in the store."""
-        digests = sorted({d for s in manifest["segments"] for d, _ in s["chunks"]})
-        present = self._pool.map(lambda d: self.backend.exists(chunk_path(d)), digests)
-        return [d for d, ok in zip(digests, present, strict=True) if not ok]
-
-    def _publish(self, staged: list[tuple[str, str]]) -> None:
-        """Make staged chunks durable and visible, then their directory entries durable:
-        all on the pool, so the fsyncs overlap and the file system batches them."""
-        pool = self._pool
-        list(pool.map(lambda s: self.backend.publish(*s), staged))
-        dirs = {p.rpartition("/")[0] for _, p in staged}
-        list(pool.map(self.backend.sync_dir, sorted(dirs | {"chunks"} if dirs else dirs)))
-
     # -- reading -------------------------------------------------------------------------
-
-    def image_ids(self) -> list[str]:
-        return [i for i in self.backend.listdir("images") if ID_RE.match(i)]
-
-    def load_manifest(self, image_id: str) -> dict[str, Any]:
-        """The verified manifest of one image id."""
-        if not isinstance(image_id, str) or not ID_RE.match(image_id):
-            raise InvalidReference(f"invalid image id {image_id!r}: 32 hex digits expected")
-        path = manifest_path(image_id)
-        try:
-            data = self.backend.read_bytes(path)
-        except FileNotFoundError:
-            raise ImageNotFound(f"no image with id {image_id} in {self.backend.url}") from None
-        manifest = self.sealer.open(data, f"image {image_id}", "manifest")
-        if manifest.get("id") != image_id:
-            raise IntegrityError(f"image {image_id}: manifest names another id, refusing it")
-        return manifest
 
     def iter_manifests(self) -> Iterator[Entry]:
         """(id, summary or None, error) for every image, newest first; bad ones are named.
@@ -358,7 +276,7 @@ class ImageStore(LoggingConfigurable):
         (:func:`.index.summary`); :meth:`open` gives the whole manifest. Summaries come
         from the signed index where it is current (:mod:`.index`), so a listing reads
         only the manifests that are new since."""
-        yield from self._index.scan(self.load_manifest, self._pool.map, self.index_slack)
+        yield from self._index.scan(self.load_manifest, self.pool.map, self.index_slack)
 
     def resolve(self, ref: str) -> str:
         """An image id from an id, a unique id prefix, or a name (the newest image of it)."""
@@ -405,7 +323,7 @@ class ImageStore(LoggingConfigurable):
         its last use, so a restore holds one group's data at a time, not the image. Large
         buffers are mapped instead where :meth:`mapper` allows."""
         return Segments(
-            manifest, self.chunk_reader(manifest), self._pool, progress, self.mapper(manifest)
+            manifest, self.chunk_reader(manifest), self.pool, progress, self.mapper(manifest)
         )
 
     def mapper(self, manifest: dict[str, Any]) -> Mapper | None:
@@ -414,37 +332,17 @@ class ImageStore(LoggingConfigurable):
         backend = self.backend
         if not self.map_buffers or not isinstance(backend, LocalBackend):
             return None
-        if not isinstance(chunks_of(manifest, self._chunk_forms), PlainChunks):
+        if not isinstance(chunks_of(manifest, self.chunk_forms), PlainChunks):
             return None
         if not can_map(backend.root):
             return None
         return Mapper(manifest, lambda digest: os.path.join(backend.root, chunk_path(digest)))
 
-    def chunk_reader(
-        self, manifest: dict[str, Any], forms: dict[str, Chunks] | None = None
-    ) -> Callable[[str, memoryview], None]:
-        """Reads one chunk of the image into a buffer of its size and checks it (hash, or
-        decryption) before anyone can use it; ``forms`` decode under another secret."""
-        chunks = chunks_of(manifest, forms or self._chunk_forms)
-
-        def read(digest: str, out: memoryview) -> None:
-            stored = chunks.buffer(chunks.stored_size(len(out)), out)
-            try:
-                n = self.backend.read_into(chunk_path(digest), stored)
-            except FileNotFoundError:
-                raise IntegrityError(f"chunk {digest} is missing from the store") from None
-            chunks.decode_into(digest, stored[:n], out)
-
-        return read
-
     def verify(self, ref: str) -> dict[str, Any]:
         """Check signature and every chunk; return the manifest. Unpickles nothing, and
         holds only one chunk per I/O thread in memory, whatever the image's size."""
         manifest = self.open(ref)
-        read = self.chunk_reader(manifest)
-        chunks = [chunk for segment in manifest["segments"] for chunk in segment["chunks"]]
-        for _ in self._pool.map(lambda c: read(c[0], allocate(c[1])), chunks):
-            pass
+        self.check_chunks(manifest)
         return manifest
 
     # -- removing ------------------------------------------------------------------------
@@ -549,7 +447,7 @@ class ImageStore(LoggingConfigurable):
         kept = [(i, m) for i, m in images if i not in doomed]
         # Shared chunks count once, so the stored bytes are at most the logical sum.
         if 0 < self.quota_bytes < sum(m["sizes"]["logical"] for _, m in kept):
-            layouts = dict(self._pool.map(self._chunks_of, [i for i, _ in kept]))
+            layouts = dict(self.pool.map(self._chunks_of, [i for i, _ in kept]))
             kept = [(i, layout) for i, _ in kept if (layout := layouts[i]) is not None]
             while _stored_bytes(m for _, m in kept) > self.quota_bytes:
                 removable = [i for i, _ in kept if i not in pinned]
@@ -660,7 +558,7 @@ class ImageStore(LoggingConfigurable):
             image_id = check_ref(manifest.get("id", ""), "image id")
             if not ID_RE.match(image_id):
                 raise IntegrityError(f"{file}: bad image id {image_id!r}")
-            chunks = chunks_of(manifest, self._chunk_forms)
+            chunks = chunks_of(manifest, self.chunk_forms)
             lease = self.lease()
             staged: list[tuple[str, str]] = []
             try:
@@ -677,7 +575,7 @@ class ImageStore(LoggingConfigurable):
                         raise IntegrityError(f"{file}: {exc}") from None
                     if not self.backend.reusable(path, GC_GRACE_SECONDS / 2):
                         staged.append((self.backend.stage(path, data), path))
-                self._publish(staged)
+                self.publish(staged)
             except BaseException:
                 for stage, _ in staged:
                     self.backend.discard(stage)

@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psutil
+
 from .layout import chunk_hash
 
 # Local file systems on which an unlinked file stays readable through its mappings and
@@ -66,21 +68,18 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def filesystem_of(path: str) -> str | None:
-    """The type of the file system ``path`` is on (Linux mount table), or None."""
+    """The type of the file system ``path`` is on (the mount table), or None."""
     try:
-        with open("/proc/self/mounts") as f:
-            mounts = [line.split() for line in f]
+        mounts = psutil.disk_partitions(all=True)
     except OSError:
         return None
     path = os.path.realpath(path)
     best, kind = "", None
-    for fields in mounts:
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
+    for mount in mounts:
+        point = mount.mountpoint
         inside = path == point or path.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= len(best):
-            best, kind = point, fields[2]
+            best, kind = point, mount.fstype
     return kind
 
 

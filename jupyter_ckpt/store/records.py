@@ -20,7 +20,7 @@ from ..errors import ImageNotFound, IntegrityError, InvalidReference
 from .encryption import is_encrypted
 
 if TYPE_CHECKING:
-    from .imagestore import ImageStore
+    from .space import ChunkSpace
 
 KERNEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")
 
@@ -32,9 +32,9 @@ def record_path(kernel_id: str) -> str:
 
 
 class KernelRecords:
-    """Read and write suspended-kernel records in an :class:`ImageStore`."""
+    """Read and write suspended-kernel records in a store (an :class:`.imagestore.ImageStore`)."""
 
-    def __init__(self, store: ImageStore) -> None:
+    def __init__(self, store: ChunkSpace) -> None:
         self.store = store
 
     def put(self, record: dict[str, Any]) -> None:

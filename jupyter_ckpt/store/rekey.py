@@ -28,8 +28,8 @@ from .reading import allocate
 from .records import KERNEL_ID_RE, record_path
 
 if TYPE_CHECKING:
-    from .imagestore import ImageStore
     from .signing import Signer
+    from .space import ChunkSpace
 
 # A key to read with: how it opens JSON objects, and how it reads chunks.
 Key = tuple[Sealer, dict[str, Any]]
@@ -45,11 +45,11 @@ class Outcome:
     detail: str = ""
 
 
-def rekey(store: ImageStore, old: Signer | None = None) -> Iterator[Outcome]:
+def rekey(store: ChunkSpace, old: Signer | None = None) -> Iterator[Outcome]:
     """Rewrite, under the store's current secret (and encrypted where the store or the
     object says so), every image and kernel record of the user that is not so already;
     ``old`` opens what was written under the previous secret."""
-    keys: list[Key] = [(store.sealer, store._chunk_forms)]
+    keys: list[Key] = [(store.sealer, store.chunk_forms)]
     if old is not None and old.key_id != store.signer.key_id:
         cipher = Cipher(old)
         keys.append((Sealer(old, cipher, False), chunk_forms(cipher)))
@@ -90,16 +90,16 @@ def _open(data: bytes, where: str, kind: str, keys: list[Key]) -> tuple[dict[str
     )
 
 
-def _target(store: ImageStore, data: bytes) -> tuple[Sealer, Chunks]:
+def _target(store: ChunkSpace, data: bytes) -> tuple[Sealer, Chunks]:
     """How an object is written back: encrypted if the store encrypts or it was already."""
     encrypt = store.sealer.encrypt or is_encrypted(data)
-    return Sealer(store.signer, store.cipher, encrypt), store._chunk_forms[
+    return Sealer(store.signer, store.cipher, encrypt), store.chunk_forms[
         AES_GCM if encrypt else NONE
     ]
 
 
 def _rekey_image(
-    store: ImageStore, image_id: str, keys: list[Key], moved: dict[tuple[str, str, str], str]
+    store: ChunkSpace, image_id: str, keys: list[Key], moved: dict[tuple[str, str, str], str]
 ) -> Outcome:
     path = manifest_path(image_id)
     data = store.backend.read_bytes(path)
@@ -130,7 +130,7 @@ def _rekey_image(
         store.backend.write_atomic(path, target_sealer.seal(new, "manifest"))
         store.backend.sync_dir(f"images/{image_id}")
         try:
-            store.verify(image_id)
+            store.check_chunks(store.load_manifest(image_id))
         except BaseException:
             store.backend.write_atomic(path, data)  # as it was: readable under the old key
             raise
@@ -146,7 +146,7 @@ def _moved_key(sealer: Sealer, source: Chunks, digest: str) -> tuple[str, str, s
 
 
 def _move_chunks(
-    store: ImageStore,
+    store: ChunkSpace,
     manifest: dict[str, Any],
     key: Key,
     target: Chunks,
@@ -165,11 +165,11 @@ def _move_chunks(
         buf = allocate(size)
         read(digest, buf)
         # Distinct old chunks hold distinct bytes, so no two of them get one new name.
-        new, _, stage = store._put_chunk(buf, lambda _: True, target)
+        new, _, stage = store.put_chunk(buf, lambda _: True, target)
         return digest, new, stage
 
     futures: list[Future[tuple[str, str, str | None]]] = [
-        store._pool.submit(move, d, n) for d, n in todo
+        store.pool.submit(move, d, n) for d, n in todo
     ]
     try:
         results = [f.result() for f in futures]
@@ -181,13 +181,13 @@ def _move_chunks(
             if stage:
                 store.backend.discard(stage)
         raise
-    store._publish([(stage, chunk_path(new)) for _, new, stage in results if stage])
+    store.publish([(stage, chunk_path(new)) for _, new, stage in results if stage])
     for old_digest, new, _ in results:
         moved[_moved_key(sealer, source, old_digest)] = new
     return sum(1 for *_, stage in results if stage is not None)
 
 
-def _rekey_record(store: ImageStore, kernel_id: str, keys: list[Key]) -> Outcome:
+def _rekey_record(store: ChunkSpace, kernel_id: str, keys: list[Key]) -> Outcome:
     path = record_path(kernel_id)
     data = store.backend.read_bytes(path)
     record, (sealer, _) = _open(data, f"kernel record {kernel_id}", "record", keys)

@@ -14,7 +14,7 @@ from .layout import CHUNK_SIZE, Buffer, chunk_path, manifest_path
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from .imagestore import ImageStore
+    from .space import ChunkSpace
 
 
 class ImageWriter:
@@ -26,7 +26,7 @@ class ImageWriter:
     keeps gc from removing chunks it may be reusing.
     """
 
-    def __init__(self, store: ImageStore, progress: Progress | None = None) -> None:
+    def __init__(self, store: ChunkSpace, progress: Progress | None = None) -> None:
         self.store = store
         # bytes written of those queued (or announced with progress.expect)
         self.progress = progress or Progress()
@@ -81,7 +81,7 @@ class ImageWriter:
         if self._lease is None:
             # Released by commit or abandon, or when a failed save drops the writer.
             self._lease = weakref.finalize(self, self.store.lease().release)
-        submit: Callable[..., Future[tuple[str, int, str | None]]] = self.store._pool.submit
+        submit: Callable[..., Future[tuple[str, int, str | None]]] = self.store.pool.submit
         self._queued += len(view)
         self.progress.expect(self._queued)
         return [
@@ -90,7 +90,7 @@ class ImageWriter:
         ]
 
     def _put_chunk(self, data: memoryview) -> tuple[str, int, str | None]:
-        result = self.store._put_chunk(data, self._claim)
+        result = self.store.put_chunk(data, self._claim)
         self.progress.add(len(data))
         return result
 
@@ -138,7 +138,7 @@ class ImageWriter:
         backend = self.store.backend
         try:
             # Chunks are durable and in place before the manifest that names them.
-            self.store._publish(staged)
+            self.store.publish(staged)
             sealed = self.store.sealer.seal(manifest, "manifest")
             backend.write_atomic(manifest_path(self.image_id), sealed)
             backend.sync_dir(f"images/{self.image_id}")

@@ -9,7 +9,6 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_runtime_dir
 from jupyter_server.extension.application import ExtensionApp
-from jupyter_server.services.kernels.handlers import _kernel_id_regex
 from traitlets import TraitError, default
 
 from jupyter_ckpt import compat, gpurequest
@@ -19,6 +18,7 @@ from jupyter_ckpt.store import ImageStore
 
 from . import startup
 from .autosave import Autosaver
+from .compat import KERNEL_ID
 from .configcheck import unknown_settings
 from .demand import GpuDemand
 from .handlers import default_handlers
@@ -134,7 +134,7 @@ class CkptExtensionApp(ExtensionApp):
             [
                 *default_handlers,
                 *startup.handlers,
-                (rf"/api/kernels/{_kernel_id_regex}/channels", CkptKernelWebsocketHandler),
+                (rf"/api/kernels/{KERNEL_ID}/channels", CkptKernelWebsocketHandler),
             ]
         )
 

@@ -31,9 +31,9 @@ from traitlets.config import LoggingConfigurable
 from jupyter_ckpt.kernel.background import read_result
 
 from .events import Events
+from .idleclock import IdleClock
 from .kernelprocess import alive
 from .rpc import KernelRPC, SuspendFailed
-from .work import idle_clock_kept
 
 # how often the child's result file is looked for
 RESULT_POLL_SECONDS = 0.1
@@ -55,8 +55,8 @@ class BackgroundSaver:
     """Writes a running kernel's image from a forked child (or, where the kernel cannot
     fork, in the kernel), for the lifecycle that records it."""
 
-    def __init__(self, manager: Any, rpc: KernelRPC, events: Events, log: Any) -> None:
-        self.manager = manager  # for the idle clock: the server's own calls are no activity
+    def __init__(self, idle_clock: IdleClock, rpc: KernelRPC, events: Events, log: Any) -> None:
+        self.idle_clock = idle_clock  # the server's own calls are no activity
         self.rpc = rpc
         self.events = events
         self.log = log
@@ -73,7 +73,7 @@ class BackgroundSaver:
         started = time.perf_counter()
         job = self.job(kernel_id)
         try:
-            async with idle_clock_kept(self.manager, kernel_id, 5):
+            async with self.idle_clock.kept(kernel_id, 5):
                 info = None
                 if kernel_info:
                     info = await self.rpc.request(kernel_id, "kernel_info", timeout)

@@ -13,18 +13,8 @@ the kernels API's actions (start, restart, shutdown, interrupt, a session's envi
 ask the lifecycles (:meth:`attach`) first, and the lifecycles use :meth:`stop_process` and
 the inherited start to run processes.
 
-Private jupyter_server and jupyter_client API this extension relies on (kept short; the
-upstream kernels and sessions tests run against this class in the suite):
-
-- ``MultiKernelManager._kernels`` (which kernels have a process);
-- ``MappingKernelManager._kernel_connections`` (connection counts, in the idle monitor);
-- ``MappingKernelManager._async_start_kernel``, ``_async_shutdown_kernel``,
-  ``_async_restart_kernel``, ``_async_interrupt_kernel``, ``_async_shutdown_all`` (the
-  methods overridden here, as their public aliases are assignments to them);
-- ``ZMQChannelsWebsocketConnection._open_sessions`` (closing a suspended kernel's
-  websockets) and ``BaseKernelWebsocketConnection`` (the suspended kernel's connection);
-- ``jupyter_server.services.kernels.handlers._kernel_id_regex`` and the handlers
-  ``startup`` subclasses.
+The private jupyter_server and jupyter_client names it relies on (its ``_async_*``
+overrides, the kernels it holds) are listed, with the versions checked, in :mod:`.compat`.
 """
 
 from __future__ import annotations
@@ -42,6 +32,7 @@ from tornado import web
 
 from jupyter_ckpt.errors import CkptError
 
+from . import compat
 from .lifecycle import Lifecycles, State, restoring
 from .rpc import SuspendFailed
 
@@ -73,7 +64,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
         self.ckpt_env = env
 
     def __contains__(self, kernel_id: object) -> bool:
-        if kernel_id in self._kernels:
+        if isinstance(kernel_id, str) and self.has_process(kernel_id):
             return True
         if self.lifecycles is None or not isinstance(kernel_id, str):
             return False
@@ -81,7 +72,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
 
     def has_process(self, kernel_id: str) -> bool:
         """A kernel process exists (it may also be suspending or restoring)."""
-        return kernel_id in self._kernels
+        return super().__contains__(kernel_id)
 
     is_running = has_process
 
@@ -89,7 +80,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
         return self.lifecycles is not None and self.lifecycles.is_suspended(kernel_id)
 
     def running_ids(self) -> list[str]:
-        return list(self._kernels)
+        return list(compat.kernels(self))
 
     # -- views of the lifecycles, for the monitor, the status and the listings ---------------
 
@@ -142,7 +133,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
     def kernel_model(self, kernel_id: str) -> dict[str, Any]:
         # A restore's new process is in _kernels a moment before jupyter_server gives it
         # its activity markers: until then it is modelled from its record.
-        kernel = self._kernels.get(kernel_id)
+        kernel = compat.kernels(self).get(kernel_id)
         lc = None if self.lifecycles is None else self.lifecycles.get(kernel_id)
         if (
             lc is not None
@@ -250,7 +241,7 @@ class CkptKernelManager(AsyncMappingKernelManager):
         if self.lifecycles is not None and self.lifecycles.get(kernel_id) is not None:
             await self.lifecycles.shutdown(kernel_id)
         elif not self.has_process(kernel_id):
-            self._check_kernel_id(kernel_id)  # 404, as upstream answers an unknown id
+            raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}")  # as upstream
         if self.has_process(kernel_id):
             await self.stop_process(kernel_id, now=now, restart=restart)
 
@@ -270,14 +261,12 @@ class CkptKernelManager(AsyncMappingKernelManager):
 
     shutdown_all = _async_shutdown_all  # type: ignore[assignment]
 
-    async def _async_interrupt_kernel(self, kernel_id: str) -> None:
+    async def interrupt_kernel(self, kernel_id: str) -> None:  # type: ignore[override]
         if self.lifecycles is not None:
             await self.lifecycles.settle(kernel_id, "interrupt")
         if not self.has_process(kernel_id):
             return  # nothing runs in a suspended kernel
         await ensure_async(super().interrupt_kernel(kernel_id))
-
-    interrupt_kernel = _async_interrupt_kernel  # type: ignore[assignment]
 
     async def _async_restart_kernel(self, kernel_id: str, now: bool = False) -> Any:
         """Restarting a kernel gives its state up; restarting a suspended one means
@@ -291,7 +280,8 @@ class CkptKernelManager(AsyncMappingKernelManager):
                 # on the same ports, what the server's watches last saw was the old
                 # process's (its "idle", its first message): the new one would be handed
                 # out before the server hears it, and its first cell go unseen
-                self.get_kernel(kernel_id).execution_state = "starting"
+                kernel: Any = self.get_kernel(kernel_id)  # jupyter_server adds the state
+                kernel.execution_state = "starting"
                 self.lifecycles.watch(kernel_id, True)
                 await self.lifecycles.started(kernel_id, self.lifecycles[kernel_id].launch)
             return restarted

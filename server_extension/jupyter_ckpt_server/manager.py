@@ -30,6 +30,7 @@ from jupyter_ckpt.store import ImageStore
 
 from .autosave import BackgroundSaver
 from .events import Events
+from .idleclock import IdleClock
 from .kernelmanager import CkptKernelManager
 from .lifecycle import Lifecycles
 from .policy import SuspendPolicy
@@ -98,7 +99,8 @@ class CkptManager(LoggingConfigurable):
         self.events = Events(self.emit, self.log)
         self.progress = ProgressWatch(self.progress_dir, self.emit, self.progress_interval)
         self.retention = Retention(self.store, self.events, self.log)
-        self.saver = BackgroundSaver(self, self.rpc, self.events, self.log)
+        self.idle_clock = IdleClock(self.kernel_manager, lambda k: self.client_messages[k])
+        self.saver = BackgroundSaver(self.idle_clock, self.rpc, self.events, self.log)
         self.lifecycles = Lifecycles(
             kernel_manager=self.kernel_manager,
             store=self.store,

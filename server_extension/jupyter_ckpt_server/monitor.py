@@ -30,7 +30,7 @@ from typing import Any
 
 from jupyter_ckpt.gpu import GpuSnapshot
 
-from . import work
+from . import compat, work
 from .manager import CkptManager, SuspendFailed
 
 # Retention also runs after every write; this catches images that age out meanwhile.
@@ -172,7 +172,7 @@ class IdleMonitor:
         timeout = policy.idle_timeout_for(kernel.kernel_spec.metadata)
         pid = manager.kernel_pid(kernel_id)
         usage = manager.gpu_usage(kernel_id, snapshot)
-        connections = km._kernel_connections.get(kernel_id, 0)
+        connections = compat.connections(km, kernel_id)
         a = Assessment(
             kernel_id=kernel_id,
             kernel_name=kernel.kernel_name,
@@ -382,7 +382,12 @@ class IdleMonitor:
         ]
 
         async def check(a: Assessment) -> None:
-            await self._check_kernel(a, await self._measure_now(a.kernel_id), ask=self._asks)
+            try:
+                await self._check_kernel(a, await self._measure_now(a.kernel_id), ask=self._asks)
+            except KeyError:  # the kernel manager no longer has it
+                if km.is_running(a.kernel_id):
+                    raise
+                # suspended or shut down meanwhile (an idle tick's suspend): as assessed
 
         await asyncio.gather(*(check(a) for a in askable))
         return assessments

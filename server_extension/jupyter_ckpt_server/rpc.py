@@ -27,6 +27,9 @@ from jupyter_ckpt.errors import (
 )
 from jupyter_ckpt.gpu import GpuProbe, GpuSnapshot, GpuUsage
 
+from . import compat
+from .polling import poll
+
 # seconds between two checks that a kernel we wait for is still alive
 _LIVENESS_POLL = 1.0
 # seconds after our request's reply within which the kernel's idle status (on iopub,
@@ -238,13 +241,14 @@ class KernelRPC:
         activity check, the start of an autosave) make the server see it busy too, for
         moments: those are waited out, so that they never refuse or abort a suspend."""
         kernel = self.kernel_manager.get_kernel(kernel_id)
-        deadline = time.monotonic() + timeout
-        while kernel.execution_state == "busy" and time.monotonic() < deadline:
-            if not self._in_flight[kernel_id]:
-                ended = self._ended.get(kernel_id, float("-inf"))
-                if time.monotonic() - ended > _STATUS_LAG:
-                    break  # not ours: a client's cell
-            await asyncio.sleep(0.01)
+
+        def idle_or_not_ours() -> bool:
+            if kernel.execution_state != "busy":
+                return True
+            ended = self._ended.get(kernel_id, float("-inf"))
+            return not self._in_flight[kernel_id] and time.monotonic() - ended > _STATUS_LAG
+
+        await poll(idle_or_not_ours, timeout)
         return kernel.execution_state == "busy"
 
     async def settled(self, kernel_id: str, timeout: float = 10) -> None:
@@ -252,9 +256,7 @@ class KernelRPC:
         then it thinks the kernel busy, and a websocket connecting meanwhile skips the
         check that its iopub subscription is live, so a cell's first output could be lost."""
         kernel = self.kernel_manager.get_kernel(kernel_id)
-        deadline = time.monotonic() + timeout
-        while kernel.execution_state == "busy" and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await poll(lambda: kernel.execution_state != "busy", timeout)
 
     async def ready(self, kernel_id: str) -> None:
         kernel = self.kernel_manager.get_kernel(kernel_id)
@@ -264,11 +266,7 @@ class KernelRPC:
 
     def close_clients(self, kernel_id: str) -> None:
         """Close open websockets; clients reconnect and land on the suspended kernel."""
-        from jupyter_server.services.kernels.connection.channels import (
-            ZMQChannelsWebsocketConnection,
-        )
-
-        for key, handler in list(ZMQChannelsWebsocketConnection._open_sessions.items()):
+        for key, handler in list(compat.open_sessions().items()):
             if key.startswith(f"{kernel_id}:"):
                 handler.close()
 

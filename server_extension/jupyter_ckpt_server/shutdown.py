@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from . import compat
 from .policy import SuspendPolicy
 
 # SIGHUP does not exist on Windows, where the event loop takes no signal handlers anyway.
@@ -80,7 +81,7 @@ class StopGuard:
         # jupyter_server installs its confirmation handler only with a terminal on stdin
         # (JupyterHub's single-user server makes that handler stop at once); either way
         # it ends in ServerApp.stop().
-        return signal.getsignal(signal.SIGINT) == self.serverapp._handle_sigint
+        return compat.confirms_sigint(self.serverapp)
 
     def _handle(self, sig: int) -> None:
         assert self._loop is not None

@@ -30,6 +30,8 @@ from typing import Any
 
 from jupyter_core.utils import ensure_async
 
+from . import compat
+
 # what a standby imports at its start: what every restore imports first, and numpy where
 # it is installed (what array data is restored into; a cold import of it takes ~0.5 s).
 # As the command line's code, run after the kernel's own setup (startup files, the user's
@@ -68,7 +70,7 @@ async def _adopted(manager: Any, **kw: Any) -> None:
     if manager.provisioner is not None:
         manager.provisioner.kernel_id = kw["kernel_id"]
     launch = {k: kw[k] for k in ("env", "cwd") if k in kw}
-    manager._launch_args = {**manager._launch_args, **launch, "extra_arguments": []}
+    compat.set_launch_args(manager, **launch, extra_arguments=[])
 
 
 async def _answered(manager: Any) -> None:

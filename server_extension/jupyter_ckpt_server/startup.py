@@ -16,14 +16,10 @@ from jupyter_server.services.kernels.handlers import (
     KernelActionHandler,
     KernelHandler,
     MainKernelHandler,
-    _kernel_action_regex,
-    _kernel_id_regex,
 )
-from jupyter_server.services.sessions.handlers import (
-    SessionHandler,
-    SessionRootHandler,
-    _session_id_regex,
-)
+from jupyter_server.services.sessions.handlers import SessionHandler, SessionRootHandler
+
+from .compat import KERNEL_ACTION, KERNEL_ID, SESSION_ID
 
 SETTING = "jupyter_ckpt_records_loaded"
 
@@ -67,8 +63,8 @@ class CkptSessionHandler(AfterRecords, SessionHandler):
 
 handlers = [
     (r"/api/kernels", CkptMainKernelHandler),
-    (rf"/api/kernels/{_kernel_id_regex}", CkptKernelHandler),
-    (rf"/api/kernels/{_kernel_id_regex}/{_kernel_action_regex}", CkptKernelActionHandler),
+    (rf"/api/kernels/{KERNEL_ID}", CkptKernelHandler),
+    (rf"/api/kernels/{KERNEL_ID}/{KERNEL_ACTION}", CkptKernelActionHandler),
     (r"/api/sessions", CkptSessionRootHandler),
-    (rf"/api/sessions/{_session_id_regex}", CkptSessionHandler),
+    (rf"/api/sessions/{SESSION_ID}", CkptSessionHandler),
 ]

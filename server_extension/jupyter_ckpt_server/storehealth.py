@@ -17,6 +17,8 @@ from typing import Any
 
 from jupyter_ckpt.errors import CkptError
 
+from .backoff import backoff
+
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
@@ -92,10 +94,7 @@ class StoreHealth:
     def delays(self) -> Iterator[float]:
         """The waits before each retry: ``first_delay``, doubled after each failure, up to
         ``max_delay`` (after a long outage the store's return is seen within it)."""
-        delay = self.first_delay
-        while True:
-            yield delay
-            delay = min(delay * 2, self.max_delay)
+        return backoff(self.first_delay, self.max_delay)
 
     async def _retry(self, operation: Callable[[], Awaitable[None]], what: str) -> None:
         for delay in self.delays():

@@ -43,7 +43,9 @@ from tornado import web
 from traitlets import Any as AnyTrait
 from traitlets import Unicode
 
+from . import compat
 from .lifecycle import State
+from .polling import poll
 from .startup import records_loaded
 
 V1 = "v1.kernel.websocket.jupyter.org"
@@ -350,12 +352,8 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         """Whether another socket of this client's session is attached to the kernel: one
         it opened since (a reconnect while the server had not seen this socket drop).
         Handing this one over would replace that one as stale, and its replies with it."""
-        from jupyter_server.services.kernels.connection.channels import (
-            ZMQChannelsWebsocketConnection,
-        )
-
         key = f"{self.kernel_id}:{self.session.session}"
-        live = ZMQChannelsWebsocketConnection._open_sessions.get(key)
+        live = compat.open_sessions().get(key)
         return live is not None and live is not self.websocket_handler
 
     async def _hand_over(self, report: dict[str, Any]) -> None:
@@ -385,12 +383,8 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
         same session, and buffer the replies for the client's reconnect, as the server
         does for a running kernel's socket that drops. A reconnect that arrived first
         gets them on its live connection, or with its own if it is still handing over."""
-        from jupyter_server.services.kernels.connection.channels import (
-            ZMQChannelsWebsocketConnection,
-        )
-
         session_key = f"{self.kernel_id}:{self.session.session}"
-        open_sessions = ZMQChannelsWebsocketConnection._open_sessions
+        open_sessions = compat.open_sessions()
         live = open_sessions.get(session_key)
         if live is None:
             handler = cast(KernelWebsocketHandler, self.websocket_handler)
@@ -420,9 +414,8 @@ class SuspendedConnection(BaseKernelWebsocketConnection):
                 connection._queue[:0] = self._queue
                 self._queue.clear()
                 return
-            deadline = asyncio.get_running_loop().time() + 30
-            while not connection.channels and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)  # the reconnect is still opening its streams
+            # the reconnect may still be opening its streams
+            await poll(lambda: bool(connection.channels), 30, 0.05)
         for queued in self._queue:
             connection.handle_incoming_message(queued)
         self._queue.clear()

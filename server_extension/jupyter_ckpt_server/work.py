@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -320,39 +320,6 @@ async def ask_kernel(
 
 async def quiet_call(manager: CkptManager, kernel_id: str, call: str, timeout: float) -> Any:
     """``manager.kernel_call`` within ``timeout`` (else ``asyncio.TimeoutError``), leaving
-    the kernel's idle clock where it was (see :func:`idle_clock_kept`)."""
-    async with idle_clock_kept(manager, kernel_id, timeout):
+    the kernel's idle clock where it was (see :mod:`.idleclock`)."""
+    async with manager.idle_clock.kept(kernel_id, timeout):
         return await asyncio.wait_for(manager.kernel_call(kernel_id, call, timeout + 1), timeout)
-
-
-@contextlib.asynccontextmanager
-async def idle_clock_kept(
-    manager: CkptManager, kernel_id: str, timeout: float
-) -> AsyncIterator[None]:
-    """Around the server's own silent calls to a kernel. Such a call is itself an execute
-    request, which the server counts as activity; unless a client sent the kernel
-    something meanwhile, the kernel's idle clock is put back where it was, so that the
-    server's checks and autosaves never keep a kernel from being suspended."""
-    km = manager.kernel_manager
-    kernel: Any = km.get_kernel(kernel_id)  # jupyter_server adds last_activity at run time
-    last, last_any = kernel.last_activity, km.last_kernel_activity
-    messages = manager.client_messages[kernel_id]
-    try:
-        yield
-    finally:
-        await _seen_done(kernel, last, timeout)
-        if km.is_running(kernel_id) and manager.client_messages[kernel_id] == messages:
-            if km.last_kernel_activity == kernel.last_activity:
-                km.last_kernel_activity = last_any
-            kernel.last_activity = last
-
-
-async def _seen_done(kernel: Any, last: Any, timeout: float) -> None:
-    """Wait until the server has seen the call's busy and idle status messages (they come
-    on iopub, which may lag the reply): only then is the idle clock safe to put back."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while kernel.last_activity == last or kernel.execution_state == "busy":
-        if loop.time() > deadline:
-            return
-        await asyncio.sleep(0.005)

@@ -119,6 +119,20 @@ class Client:
             if msg["channel"] == channel and msg["parent_header"].get("msg_id") == msg_id:
                 return msg
 
+    async def message(
+        self, match: Callable[[dict[str, Any]], bool], timeout: float = 60
+    ) -> dict[str, Any]:
+        """The first message received, or to come, that ``match`` accepts (an iopub
+        message may come after the shell reply to the same request: two channels)."""
+        deadline = time.monotonic() + scaled(timeout)
+        seen = 0
+        while True:
+            for msg in self.received[seen:]:
+                if match(msg):
+                    return msg
+            seen = len(self.received)
+            await self.receive(max(0.1, deadline - time.monotonic()))
+
     async def execute(self, code: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """(execute_reply content, iopub output messages of this cell) once it is idle."""
         msg_id = self.send("execute_request", {"code": code, "silent": False})

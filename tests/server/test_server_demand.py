@@ -269,13 +269,7 @@ async def test_a_restore_waits_in_the_queue_then_gets_its_memory(
     gpus.processes[0] = [(os.getpid(), GiB)]  # the other process gives 1 GiB back
     reply = await client.reply_to(cell)
     assert reply["content"]["status"] == "ok"
-    # iopub's result may come after the shell's reply: they are two channels
-    result = await poll(
-        lambda: next(
-            (m for m in client.received if m["header"]["msg_type"] == "execute_result"), None
-        ),
-        what="the cell's result",
-    )
+    result = await client.message(lambda m: m["header"]["msg_type"] == "execute_result")
     assert result["content"]["data"]["text/plain"] == "42"
     released = await metric(jp_fetch, "jupyter_ckpt_gpu_seconds_released_total")
     assert released > released_while_suspended
@@ -356,6 +350,13 @@ async def test_the_kernel_asks_with_ckpt_gpu_and_sees_its_place(
     gpus.processes[0] = []
     assert await asyncio.wait_for(ahead, 30) == 0
     assert (await client.reply_to(cell))["content"]["status"] == "ok"
+    await client.message(  # the cell's last output came before its idle, on iopub
+        lambda m: (
+            m["header"]["msg_type"] == "status"
+            and m["content"]["execution_state"] == "idle"
+            and m["parent_header"].get("msg_id") == cell
+        )
+    )
     printed = "".join(
         m["content"].get("text", "") for m in client.received if m["header"]["msg_type"] == "stream"
     )

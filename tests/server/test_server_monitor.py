@@ -223,3 +223,28 @@ async def test_a_kernelspec_can_shorten_idle_timeout(jp_data_dir, start_kernel, 
     manager.policy.idle_timeout = 3600
     assert await monitor.tick() == [short]
     assert manager.kernel_manager.is_running(default)
+
+
+async def test_a_kernel_suspended_while_its_status_is_checked_is_reported_suspended(
+    jp_fetch, connect, manager, monitor, monkeypatch
+):
+    """The status of one kernel measures it for half a second, then asks it: an idle
+    suspend in between (the monitor's tick) took its process away. The status says so
+    rather than failing."""
+    r = await jp_fetch(
+        "api", "sessions", method="POST",
+        body=json.dumps({"path": "s.ipynb", "type": "notebook", "kernel": {"name": "python3"}}),
+    )  # fmt: skip
+    kernel_id = json.loads(r.body)["kernel"]["id"]
+    await (await connect(kernel_id)).execute("x = 1")
+    measure = monitor._measure_now
+
+    async def suspended_meanwhile(kid: str) -> Any:
+        loads = await measure(kid)
+        await manager.suspend(kid, trigger="idle")
+        return loads
+
+    monkeypatch.setattr(monitor, "_measure_now", suspended_meanwhile)
+    r = await jp_fetch("api", "ckpt", "status", params={"kernel_id": kernel_id})
+    states = [k["state"] for k in json.loads(r.body)["kernels"] if k["kernel_id"] == kernel_id]
+    assert "suspended" in states, states

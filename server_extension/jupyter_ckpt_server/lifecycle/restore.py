@@ -20,6 +20,7 @@ from jupyter_ckpt import compat
 from jupyter_ckpt.errors import CkptError, GpuUnavailable, IncompatibleImage, StoreUnavailable
 from jupyter_ckpt.kernel import summarize_save
 
+from ..backoff import backoff
 from ..readahead import readahead
 from ..recovery import recovery_message
 from ..rpc import Aborted, StoreFailed, SuspendFailed
@@ -228,7 +229,8 @@ class Restore:
         progress): an outage of seconds must not hand out an empty kernel."""
         owner = self.owner
         deadline = time.monotonic() + owner.policy.checkpoint_timeout
-        delay = RESTORE_RETRY_FIRST
+        delays = backoff(RESTORE_RETRY_FIRST, RESTORE_RETRY_MAX)
+        delay = next(delays)
         while True:
             try:
                 return await owner.rpc.call(lc.kernel_id, call, owner.timeout(deadline))
@@ -251,7 +253,7 @@ class Restore:
                 )
             await asyncio.sleep(delay)
             owner.check(lc)
-            delay = min(delay * 2, RESTORE_RETRY_MAX)
+            delay = next(delays)
 
     async def gpu_memory(self, lc: KernelLifecycle, by_device: dict[str, int]) -> bool:
         """Wait for the GPU memory an image held (device -> bytes) to be free for the
