@@ -339,7 +339,7 @@ MUTANTS = [
     Mutant(
         "record-without-sessions",
         f"{SERVER}/lifecycle/suspend.py",
-        '                "sessions": await owner.sessions.of(kernel_id),\n',
+        '                "sessions": await self.sessions.of(kernel_id),\n',
         '                "sessions": [],\n',
         ("tests/server/test_server_records.py", "tests/server/test_server_restart.py"),
     ),
@@ -420,8 +420,8 @@ MUTANTS = [
         '                written = None if summary.get("unchanged") else summary["id"]\n'
         "                try:\n",
         '                written = None if summary.get("unchanged") else summary["id"]\n'
-        "                await owner.keeper.put(\n"
-        '                    lc, await owner.keeper.running(lc, summary, "autosave", now_iso())\n'
+        "                await self.keeper.put(\n"
+        '                    lc, await self.keeper.running(lc, summary, "autosave", now_iso())\n'
         "                )\n"
         "                try:\n",
         (AUTOSAVE,),

@@ -14,11 +14,11 @@ entry point (the kernels and sessions API through
 :class:`~jupyter_ckpt_server.kernelmanager.CkptKernelManager`, the websocket, the idle
 monitor, the autosave scheduler, the stop guard, suspend-all, resume, delete, retention)
 calls the owner; the owner runs each transition through its module (a plain class or
-function that receives the owner, under the kernel's lock); these call the kernel
-(``rpc``), the store, the background saver and the kernel manager's process primitives,
-and nothing calls back into them through a slot. One kernel's transitions are serialized
-by its lock. A restore hands the kernel to the client whose cell woke it before the record
-is written (the put follows under the lock).
+function that receives the owner and the parts it needs, under the kernel's lock); these
+call the kernel (``rpc``), the store, the background saver and the kernel manager's
+process primitives, and nothing calls back into them through a slot. One kernel's
+transitions are serialized by its lock. A restore hands the kernel to the client whose
+cell woke it before the record is written (the put follows under the lock).
 
 Three rules keep the invariant where paths meet:
 
@@ -82,8 +82,10 @@ shutdown or restart during a restore makes it skip its image; an autosave in pro
 cancelled by a shutdown or restart, and waited for (within the deadline) by a suspend
 (:meth:`Lifecycles.settle`).
 
-The other modules: :mod:`.records` (the record writes and the pins), :mod:`.sessions` (a
-kernel's sessions and environment, as its record keeps them), :mod:`.standby` (which
+The other modules: :mod:`.kernels` (what the owner shares with the transitions: the
+kernels, their locks, the server's parts; the transitions receive the owner as this, so
+none imports the owner back), :mod:`.records` (the record writes and the pins),
+:mod:`.sessions` (a kernel's sessions, as its record keeps them), :mod:`.standby` (which
 kernel specs have a process standing by), :mod:`.debugger` (the debugger's facts a
 suspended kernel answers with).
 """

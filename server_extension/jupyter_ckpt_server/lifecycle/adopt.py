@@ -7,16 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..recovery import recovered_field, writer_alive
+from .kernels import Kernels
+from .sessions import Sessions
 from .states import KernelLifecycle, State
 
-if TYPE_CHECKING:
-    from .owner import Lifecycles
 
-
-async def load_records(owner: Lifecycles) -> None:
+async def load_records(owner: Kernels, sessions: Sessions) -> None:
     """List the kernels suspended by an earlier run of the server, with their sessions;
     a running record whose server is gone is a kernel that crashed."""
     records, errors = await asyncio.to_thread(owner.records.all)
@@ -37,7 +36,7 @@ async def load_records(owner: Lifecycles) -> None:
                 kernel_id,
                 lc.recovered["autosave_at"],
             )
-        await owner.sessions.reattach(kernel_id, record.get("sessions", []))
+        await sessions.reattach(kernel_id, record.get("sessions", []))
         adopted += 1
     if adopted:
         owner.log.info("%d suspended kernel(s) restore when their users return", adopted)

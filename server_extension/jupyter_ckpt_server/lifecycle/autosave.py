@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from jupyter_ckpt.errors import CkptError
 
 from ..events import now_iso
 from ..rpc import SuspendFailed
-from .checkpoint import kept_trigger
+from .checkpoint import Checkpoint, kept_trigger
+from .kernels import Kernels
+from .records import RecordKeeper
 from .states import KernelLifecycle, State
-
-if TYPE_CHECKING:
-    from .owner import Lifecycles
 
 S = State
 
@@ -25,8 +23,10 @@ S = State
 class Autosave:
     """A kernel's autosave, under its lock; the next one replaces its image."""
 
-    def __init__(self, owner: Lifecycles) -> None:
+    def __init__(self, owner: Kernels, keeper: RecordKeeper, checkpoints: Checkpoint) -> None:
         self.owner = owner
+        self.keeper = keeper
+        self.checkpoints = checkpoints
 
     def start(self, kernel_id: str) -> asyncio.Task[None] | None:
         """Autosave a running kernel in the background unless another action holds it."""
@@ -41,7 +41,7 @@ class Autosave:
         owner = self.owner
         started = time.perf_counter()
         kernel_id = lc.kernel_id
-        forget_image = owner.checkpoints.forget_image
+        forget_image = self.checkpoints.forget_image
         async with lc.lock:
             if not lc.saves_itself:
                 return
@@ -62,11 +62,11 @@ class Autosave:
                 except CkptError as exc:
                     raise SuspendFailed(f"the image failed verification: {exc}") from exc
                 trigger = kept_trigger(lc, summary) or "autosave"
-                record = await owner.keeper.running(lc, summary, trigger, now_iso())
+                record = await self.keeper.running(lc, summary, trigger, now_iso())
                 if lc.cells != cells:  # cells ran during the save: they come after it
                     record["cells_after"] = list(lc.executed)
                 previous = lc.autosave_image
-                await owner.keeper.put(lc, record)
+                await self.keeper.put(lc, record)
                 lc.refreshed_at = time.monotonic()
                 written = None  # recorded: kept
                 # replaced by the next autosave only if this one wrote it: an unchanged

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_ckpt.errors import CkptError, StoreError
 
 from ..events import now_iso
 from ..rpc import NothingToSave, StoreFailed, SuspendFailed
+from .kernels import Kernels
+from .records import RecordKeeper
 from .states import KernelLifecycle, State
-
-if TYPE_CHECKING:
-    from .owner import Lifecycles
 
 S = State
 
@@ -35,8 +34,9 @@ def kept_trigger(lc: KernelLifecycle, summary: dict[str, Any]) -> str | None:
 class Checkpoint:
     """Writes a kernel's images, for a checkpoint and for a suspend, under its lock."""
 
-    def __init__(self, owner: Lifecycles) -> None:
+    def __init__(self, owner: Kernels, keeper: RecordKeeper) -> None:
         self.owner = owner
+        self.keeper = keeper
 
     async def run(self, kernel_id: str, name: str | None, trigger: str) -> dict[str, Any]:
         """Write an image now; the kernel keeps running. Without a name, a state identical
@@ -66,7 +66,7 @@ class Checkpoint:
         return summary
 
     async def _record(self, lc: KernelLifecycle, summary: dict[str, Any]) -> None:
-        keeper = self.owner.keeper
+        keeper = self.keeper
         kept = kept_trigger(lc, summary)
         if kept is not None:
             await keeper.update(lc, await keeper.running(lc, summary, kept, now_iso()))

@@ -4,19 +4,17 @@ for it on every connect, and a suspended kernel answers from it (see
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..rpc import SuspendFailed
-
-if TYPE_CHECKING:
-    from .owner import Lifecycles
+from .kernels import Kernels
 
 # how long a suspend waits for the kernel's debugger to describe itself (it is optional)
 DEBUG_INFO_TIMEOUT = 5.0
 
 
 async def debug_info(
-    owner: Lifecycles, kernel_id: str, info: dict[str, Any], deadline: float | None
+    owner: Kernels, kernel_id: str, info: dict[str, Any], deadline: float | None
 ) -> dict[str, Any] | None:
     """The kernel's ``debugInfo``, when it has a debugger (its kernel ``info`` says so);
     none if it does not answer before ``deadline``."""

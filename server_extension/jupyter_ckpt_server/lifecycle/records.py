@@ -9,15 +9,14 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_ckpt.errors import CkptError
 
 from ..events import now_iso
+from .kernels import Kernels
+from .sessions import Sessions
 from .states import KernelLifecycle, State
-
-if TYPE_CHECKING:
-    from .owner import Lifecycles
 
 S = State
 # how often at most a running record is rewritten with the cells run since its image
@@ -49,8 +48,9 @@ class RecordKeeper:
     """Puts, replaces and removes kernel records, for the owner and under each kernel's
     lock; what the records pin."""
 
-    def __init__(self, owner: Lifecycles) -> None:
+    def __init__(self, owner: Kernels, sessions: Sessions) -> None:
         self.owner = owner
+        self.sessions = sessions
 
     # -- pins -------------------------------------------------------------------------------
 
@@ -177,6 +177,23 @@ class RecordKeeper:
                 "Could not update the record of kernel %s: %s", lc.kernel_id, exc
             )
 
+    async def update_env(self, kernel_id: str, env: dict[str, str]) -> None:
+        """A session of a suspended kernel moved (renamed notebook, changed kernel path):
+        its record follows, so the restored kernel and its later images name the notebook."""
+        lc = self.owner.kernels.get(kernel_id)
+        if lc is None or lc.record is None:
+            return
+        async with lc.lock:
+            if lc.record is None:
+                return
+            lc.launch = {**lc.launch, "env": {**lc.launch.get("env", {}), **env}}
+            record = {
+                **lc.record,
+                "env": {**lc.record.get("env", {}), **env},
+                "sessions": await self.sessions.of(kernel_id) or lc.record.get("sessions", []),
+            }
+            await self.update(lc, record)
+
     async def note_stop(self, lc: KernelLifecycle) -> None:
         """The server stops a kernel it could not suspend: its running record stays, so
         the next server brings back its last image, and says when the stop came."""
@@ -240,7 +257,7 @@ class RecordKeeper:
             "server": owner.identity,
             "cells_after": list(lc.executed),
             "alive_at": now_iso(),
-            "sessions": await owner.sessions.of(lc.kernel_id),
+            "sessions": await self.sessions.of(lc.kernel_id),
         }
 
     # -- the cells run since a running record's image -------------------------------------------

@@ -14,7 +14,7 @@ import contextvars
 import os
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_ckpt import compat
 from jupyter_ckpt.errors import CkptError, GpuUnavailable, IncompatibleImage, StoreUnavailable
@@ -25,10 +25,10 @@ from ..readahead import readahead
 from ..recovery import recovery_message
 from ..rpc import Aborted, StoreFailed, SuspendFailed
 from ..timeline import Timeline
+from .kernels import Kernels
+from .records import RecordKeeper
+from .sessions import Sessions
 from .states import KernelLifecycle, State
-
-if TYPE_CHECKING:
-    from .owner import Lifecycles
 
 S = State
 # how long a restore's event waits for its clients' queued messages to be delivered (a
@@ -57,8 +57,10 @@ class Restore:
     """A suspended kernel's restore, one at a time (its callers share it), under its
     lock; and what a resume shares with it (the image's GPU memory, the running record)."""
 
-    def __init__(self, owner: Lifecycles) -> None:
+    def __init__(self, owner: Kernels, keeper: RecordKeeper, sessions: Sessions) -> None:
         self.owner = owner
+        self.keeper = keeper
+        self.sessions = sessions
         self._tasks: set[asyncio.Future[Any]] = set()  # see _background
 
     async def ensure_compatible(self, image_id: str) -> dict[str, Any] | None:
@@ -151,7 +153,7 @@ class Restore:
         lc.timeline = timeline
         lc.delivered = asyncio.Event()
         lc.move("restore")
-        env = {**os.environ, **record.get("env", {}), **owner.sessions.notebook_env(record)}
+        env = {**os.environ, **record.get("env", {}), **self.sessions.notebook_env(record)}
         await owner.standby.started(record["kernel_name"])
         token = restoring.set(kernel_id)
         try:
@@ -332,9 +334,9 @@ class Restore:
         try:
             manifest = await asyncio.to_thread(owner.store.open, image_id)
             summary = {**summarize_save(manifest, 0.0), "written": 0}
-            record = await owner.keeper.running(lc, summary, "restore", manifest["created"])
+            record = await self.keeper.running(lc, summary, "restore", manifest["created"])
             await owner.step("running-record", lc.kernel_id)
-            await owner.keeper.put(lc, record)
+            await self.keeper.put(lc, record)
             lc.refreshed_at = time.monotonic()
         except (CkptError, OSError) as exc:
             owner.log.warning("Could not write the record of kernel %s: %s", lc.kernel_id, exc)

@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 import posixpath
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_ckpt.errors import GpuUnavailable
 from jupyter_ckpt.gpu import image_device_bytes
 
 from ..rpc import SuspendFailed
+from .checkpoint import Checkpoint
+from .kernels import Kernels
+from .records import RecordKeeper
+from .restore import Restore
 from .states import State
-
-if TYPE_CHECKING:
-    from .owner import Lifecycles
 
 S = State
 
@@ -24,8 +25,13 @@ S = State
 class Resume:
     """Resumes of images, one per notebook (or image) at a time: a double click shares one."""
 
-    def __init__(self, owner: Lifecycles) -> None:
+    def __init__(
+        self, owner: Kernels, keeper: RecordKeeper, restores: Restore, checkpoints: Checkpoint
+    ) -> None:
         self.owner = owner
+        self.keeper = keeper
+        self.restores = restores
+        self.checkpoints = checkpoints
         self._running: dict[str, tuple[str, asyncio.Task[dict[str, Any]]]] = {}
 
     async def run(self, image_id: str, path: str | None, kernel_name: str | None) -> dict[str, Any]:
@@ -47,7 +53,7 @@ class Resume:
     ) -> dict[str, Any]:
         owner = self.owner
         started = time.perf_counter()
-        manifest = await owner.restores.ensure_compatible(image_id)
+        manifest = await self.restores.ensure_compatible(image_id)
         if path:
             # as the session manager starts a notebook's kernel: in the notebook's
             # directory, with JPY_SESSION_NAME, so later images keep naming the notebook
@@ -64,7 +70,7 @@ class Resume:
         failed: SuspendFailed | None
         async with lc.lock:
             try:
-                await owner.restores.gpu_memory(lc, image_device_bytes(manifest or {}))
+                await self.restores.gpu_memory(lc, image_device_bytes(manifest or {}))
                 async with owner.progress.watch(kernel_id, "resume") as progress:
                     report = await owner.rpc.call(
                         kernel_id,
@@ -76,7 +82,7 @@ class Resume:
                 failed = exc if isinstance(exc, SuspendFailed) else SuspendFailed(str(exc))
             else:
                 failed = None
-                await owner.restores.restored(lc, image_id)
+                await self.restores.restored(lc, image_id)
         if failed is not None:
             if kernel_id in owner.km:  # a shutdown may have ended the wait
                 await owner.km.shutdown_kernel(kernel_id)
@@ -105,7 +111,7 @@ class Resume:
         for old_id in old:
             if owner.km.has_process(old_id):
                 try:
-                    await owner.checkpoint(old_id, trigger="replaced")
+                    await self.checkpoints.run(old_id, None, "replaced")
                 except SuspendFailed as exc:
                     owner.log.warning("Kernel %s replaced without a checkpoint: %s", old_id, exc)
             if old_id in owner.km:
@@ -117,6 +123,6 @@ class Resume:
         for lc in self.owner.in_state(S.RESTORE_FAILED):
             if lc.record is not None and lc.record["image_id"] == image_id:
                 async with lc.lock:
-                    await self.owner.keeper.drop(lc)
+                    await self.keeper.drop(lc)
                     lc.state = S.RUNNING
                     lc.restore_error = lc.unrestored = None

@@ -1,18 +1,17 @@
-"""A kernel's sessions (notebooks, consoles) and environment, as its record keeps them so
-that a restored kernel, and its later images, still name its notebook."""
+"""A kernel's sessions (notebooks, consoles), as its record keeps them so that a restored
+kernel, and its later images, still name its notebook."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .owner import Lifecycles
+from .kernels import Kernels
 
 
 class Sessions:
     """What the session manager knows of a kernel, for its record."""
 
-    def __init__(self, owner: Lifecycles) -> None:
+    def __init__(self, owner: Kernels) -> None:
         self.owner = owner
 
     async def of(self, kernel_id: str) -> list[dict[str, Any]]:
@@ -53,20 +52,3 @@ class Sessions:
             return {}
         env = manager.get_kernel_env(notebooks[0]["path"], notebooks[0]["name"])
         return {"JPY_SESSION_NAME": env["JPY_SESSION_NAME"]}
-
-    async def update_env(self, kernel_id: str, env: dict[str, str]) -> None:
-        """A session of a suspended kernel moved (renamed notebook, changed kernel path):
-        its record follows, so the restored kernel and its later images name the notebook."""
-        lc = self.owner.kernels.get(kernel_id)
-        if lc is None or lc.record is None:
-            return
-        async with lc.lock:
-            if lc.record is None:
-                return
-            lc.launch = {**lc.launch, "env": {**lc.launch.get("env", {}), **env}}
-            record = {
-                **lc.record,
-                "env": {**lc.record.get("env", {}), **env},
-                "sessions": await self.of(kernel_id) or lc.record.get("sessions", []),
-            }
-            await self.owner.keeper.update(lc, record)

@@ -5,15 +5,12 @@ suspended, whose restore then starts at once."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
+from .kernels import Kernels
 from .states import State
 
-if TYPE_CHECKING:
-    from .owner import Lifecycles
 
-
-def keep_standby(owner: Lifecycles) -> None:
+def keep_standby(owner: Kernels) -> None:
     """A process standing by for each spec of the kernels suspended or being suspended,
     and none for others."""
     if owner.stopping:

@@ -10,17 +10,16 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_client.session import Session
 from jupyter_core.utils import ensure_async
 
 from .. import kernelprocess
 from ..rpc import SuspendFailed
+from .kernels import Kernels
+from .records import RecordKeeper
 from .states import KernelLifecycle, State
-
-if TYPE_CHECKING:
-    from .owner import Lifecycles
 
 S = State
 # how long the server waits for a started kernel's first message before it hands the
@@ -50,8 +49,9 @@ async def _until(condition: Callable[[], bool], timeout: float) -> None:
 class Start:
     """A kernel's processes: the server's watch on each, the start handshake, restarts."""
 
-    def __init__(self, owner: Lifecycles) -> None:
+    def __init__(self, owner: Kernels, keeper: RecordKeeper) -> None:
         self.owner = owner
+        self.keeper = keeper
 
     def watch(self, kernel_id: str, start: bool) -> None:
         """Follow a started kernel's ``execute_input`` messages on the server's own iopub
@@ -82,7 +82,7 @@ class Start:
             if msg["header"]["msg_type"] == "execute_input":
                 lc.cells += 1
                 lc.executed.append(json.loads(msg["content"])["execution_count"])
-                owner.keeper.schedule_refresh(lc)
+                self.keeper.schedule_refresh(lc)
 
         stream.on_recv(on_iopub)
 

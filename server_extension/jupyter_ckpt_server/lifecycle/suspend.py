@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_core.utils import ensure_async
 
 from jupyter_ckpt.errors import CkptError
 
 from ..rpc import Aborted, NothingToSave, SuspendFailed
+from . import standby
+from .checkpoint import Checkpoint
 from .debugger import debug_info
+from .kernels import Kernels
+from .records import RecordKeeper
+from .sessions import Sessions
 from .states import KernelLifecycle, State
-
-if TYPE_CHECKING:
-    from .owner import Lifecycles
 
 S = State
 # the trigger an image is labelled with, by what asked a suspend for it
@@ -34,8 +36,13 @@ def _describe_lost(lost: dict[str, str]) -> str:
 class Suspend:
     """A kernel's suspend, one at a time (its callers share it), under its lock."""
 
-    def __init__(self, owner: Lifecycles) -> None:
+    def __init__(
+        self, owner: Kernels, keeper: RecordKeeper, sessions: Sessions, checkpoints: Checkpoint
+    ) -> None:
         self.owner = owner
+        self.keeper = keeper
+        self.sessions = sessions
+        self.checkpoints = checkpoints
 
     async def run(
         self, kernel_id: str, trigger: str = "api", timeout: float | None = None
@@ -68,7 +75,7 @@ class Suspend:
         self, lc: KernelLifecycle, trigger: str, deadline: float | None, started: float
     ) -> dict[str, Any]:
         owner = self.owner
-        kernel_id, km, rpc, keeper = lc.kernel_id, owner.km, owner.rpc, owner.keeper
+        kernel_id, km, rpc, keeper = lc.kernel_id, owner.km, owner.rpc, self.keeper
         if lc.state is S.SUSPENDED:
             raise NothingToSave(f"kernel {kernel_id} is already suspended")
         if lc.state is S.GONE or not km.has_process(kernel_id):
@@ -80,7 +87,7 @@ class Suspend:
         was = lc.state
         lc.abort = None
         lc.move("suspend")
-        owner.keep_standby()  # started while the image is written, ready for its restore
+        standby.keep_standby(owner)  # started while the image is written, ready for its restore
         cells = lc.cells
         written = None  # the image this suspend wrote, removed if the suspend fails
         recorded = False
@@ -98,9 +105,7 @@ class Suspend:
             usage = rpc.gpu_usage(kernel_id)
             label = SUSPEND_LABELS.get(trigger, trigger)
             timeout = owner.timeout(deadline)
-            summary = await owner.checkpoints.write_image(
-                kernel_id, None, timeout, label, "suspend"
-            )
+            summary = await self.checkpoints.write_image(kernel_id, None, timeout, label, "suspend")
             image_id = summary["id"]
             # nothing changed since the kernel's newest image (its autosave, a checkpoint,
             # the image it came from): the save returned that one, so that idle cycles of
@@ -120,7 +125,7 @@ class Suspend:
                 "trigger": trigger,
                 "gpu": usage.to_json(),
                 "lost": summary["lost"],
-                "sessions": await owner.sessions.of(kernel_id),
+                "sessions": await self.sessions.of(kernel_id),
             }
             await owner.step("record", kernel_id)
             await keeper.put(lc, record)
@@ -140,7 +145,7 @@ class Suspend:
             if recorded:
                 await keeper.put_back(lc, previous)
             if written is not None:
-                await asyncio.to_thread(owner.checkpoints.forget_image, written)
+                await asyncio.to_thread(self.checkpoints.forget_image, written)
             raise (exc if isinstance(exc, SuspendFailed) else SuspendFailed(str(exc))) from exc
         finally:
             lc.abort = None
