@@ -33,7 +33,7 @@ from .. import process
 from ..store import BUFFER_BYTES, CHUNK_SIZE
 from . import devices
 from . import pickler as _pickler
-from .identity import same_state
+from .identity import CANONICAL_MAX, canonical_digest, same_state
 from .stream import Stream
 from .stream import load as load_stream
 
@@ -326,11 +326,22 @@ def capture(
             records[entry].update(status="lost", reason=f"saved, but would not load: {reason}")
             records[entry].pop("bytes", None)
         verified = round(time.perf_counter() - started, 6)
+    # read before it is written: a large stream's pieces go as they are
+    pickled_stream = b"".join(stream.out.pieces) if stream.out.size <= CANONICAL_MAX else None
     try:
         group_entries = _write_stream(names, stream, writer, part_bytes(buffer_bytes))
     except BaseException:
         writer.abandon()
         raise
+    if pickled_stream is not None:
+        for group in group_entries:
+            held = group["pickle"][0]
+            packed = [
+                buffer
+                for buffer, ref in zip(stream.buffers, group["buffers"], strict=True)
+                if ref[0] == held and isinstance(buffer, memoryview)
+            ]
+            group["canonical"] = canonical_digest(pickled_stream, packed)
     modules: set[str] = {i["module"].partition(".")[0] for i in pickled.imports}
     modules |= {m.partition(".")[0] for m in stream.pickler.modules}
 

@@ -108,6 +108,10 @@ def restore(
         if name.startswith(process.PREFIX):
             why = report.missing.pop(name)
             report.warnings.append(f"{name.removeprefix(process.PREFIX)} not restored: {why}")
+    # in the order they were saved in: the next save lists (and pickles) them in the
+    # namespace's order, and an unchanged state must come out the same
+    order = [v["name"] for v in manifest["variables"]]
+    namespace.update((n, staged[n]) for n in order if n in staged)
     namespace.update(staged)
     for var in manifest["variables"]:
         if "module_attr" in var and var["name"] in staged:
@@ -118,7 +122,6 @@ def restore(
                 report.warnings.append(
                     f"{var['name']} is no longer {module}.{attr}: {type(exc).__name__}: {exc}"
                 )
-    order = [v["name"] for v in manifest["variables"]]
     report.restored = [n for n in order if n in staged]
     report.warnings.extend(mapper.warnings)
     return report

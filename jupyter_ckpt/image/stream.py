@@ -33,6 +33,7 @@ first of them.
 
 from __future__ import annotations
 
+import functools
 import gc
 import pickle
 import pickletools
@@ -290,6 +291,25 @@ class _Buffers:
         return self.buffers[self.index - 1]
 
 
+# where numpy's reduce of an array that owns its memory names its rebuild (numpy 2, 1)
+_NUMPY_NUMERIC = ("numpy._core.numeric", "numpy.core.numeric")
+
+
+def _owner_frombuffer(
+    numpys: Any, buffer: Any, dtype: Any, shape: tuple, order: Any, *more: Any
+) -> Any:
+    """numpy's ``_frombuffer`` (``numpys``) without its step through a 1-D array: a C- or
+    F-ordered array comes back directly over its buffer, as the owner it was saved as.
+    numpy's makes it a reshaped view of a 1-D array, which the next save then writes as
+    a view of that array: other bytes for the same state, so a save right after a
+    restore found the state changed."""
+    if order not in ("C", "F"):
+        return numpys(buffer, dtype, shape, order, *more)
+    import numpy as np
+
+    return np.ndarray(shape, dtype=dtype, buffer=buffer, order=order)
+
+
 class _Loader(pickle.Unpickler):
     """The stream's unpickler. Persistent ids hand out given objects (the stream itself has
     none), so that short pickles of our own can set memo slots (below)."""
@@ -300,6 +320,12 @@ class _Loader(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         return self.objects[pid]
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name)
+        if name == "_frombuffer" and module in _NUMPY_NUMERIC:
+            return functools.partial(_owner_frombuffer, found)
+        return found
 
     def run(self, reader: _Reader, ops: bytes, objects: list[Any]) -> None:
         """Load the protocol 5 pickle ``ops`` (handed ``objects``) instead of the stream."""

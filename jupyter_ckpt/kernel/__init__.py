@@ -185,9 +185,10 @@ class KernelSession:
         progress: str | None = None,
         kernel_id: str | None = None,
         notebook: str | None = None,
+        notebook_id: str | None = None,
     ) -> dict[str, Any]:
         started = time.perf_counter()
-        adopt(self.shell, kernel_id, notebook)
+        adopt(self.shell, kernel_id, notebook, notebook_id)
         manifest = self.store.open(ref)
         opened = time.perf_counter()
         facts = manifest.get("kernel", {})
@@ -283,11 +284,12 @@ def restore(
     progress: str | None = None,
     kernel_id: str | None = None,
     notebook: str | None = None,
+    notebook_id: str | None = None,
 ) -> dict[str, Any]:
     """Restore image ``ref`` into this kernel. The server names the kernel it restores
-    (``kernel_id``, and the ``notebook`` it runs for): it may be a process it started
-    ahead, as no one's (see ``jupyter_ckpt_server.standby``)."""
-    return session().restore(ref, map_location, progress, kernel_id, notebook)
+    (``kernel_id``, the ``notebook`` it runs for and that file's ``notebook_id``): it may
+    be a process it started ahead, as no one's (see ``jupyter_ckpt_server.standby``)."""
+    return session().restore(ref, map_location, progress, kernel_id, notebook, notebook_id)
 
 
 def still_unsaveable() -> list[str]:

@@ -35,6 +35,9 @@ def _launch_environment() -> dict[str, str]:
 
 _LAUNCH_ENV = _launch_environment()
 
+# The id of the kernel's notebook file (jupyter_server_fileid), set by the server at launch
+NOTEBOOK_ID_ENV = "JUPYTER_CKPT_NOTEBOOK_ID"
+
 
 # Environment variables an image restored into this kernel set or unset: they stay the
 # user's changes (and go into the next image) even where this kernel's launch environment
@@ -100,6 +103,9 @@ def kernel_facts(shell: Any) -> dict[str, Any]:
     return {
         "id": kernel_id(),
         "notebook_path": os.environ.get("JPY_SESSION_NAME"),
+        # the notebook file's id (jupyter_server_fileid): it follows renames and moves,
+        # where the path above is the one the kernel was started with
+        "notebook_id": os.environ.get(NOTEBOOK_ID_ENV),
         "cwd": os.getcwd(),
         "sys_path": list(sys.path),
         "env": env_changes(),
@@ -198,10 +204,13 @@ def apply_kernel_facts(shell: Any, facts: dict[str, Any]) -> None:
 _ADOPTED_ID: str | None = None
 
 
-def adopt(shell: Any, kernel_id: str | None, notebook: str | None) -> None:
+def adopt(
+    shell: Any, kernel_id: str | None, notebook: str | None, notebook_id: str | None = None
+) -> None:
     """This process, started ahead by the server as no one's, is now kernel
-    ``kernel_id`` of ``notebook``: as if it had been launched so (the notebook's name in
-    its environment, not counted as the user's change, and in ``__session__``)."""
+    ``kernel_id`` of ``notebook`` (whose file id is ``notebook_id``): as if it had been
+    launched so (the notebook's name and id in its environment, not counted as the
+    user's change, and its name in ``__session__``)."""
     global _ADOPTED_ID
     if kernel_id and kernel_id != kernel_id_of_process():
         _ADOPTED_ID = kernel_id
@@ -209,6 +218,8 @@ def adopt(shell: Any, kernel_id: str | None, notebook: str | None) -> None:
     if notebook and os.environ.get("JPY_SESSION_NAME") != notebook:
         os.environ["JPY_SESSION_NAME"] = _LAUNCH_ENV["JPY_SESSION_NAME"] = notebook
         shell.user_ns["__session__"] = notebook
+    if notebook_id:
+        os.environ[NOTEBOOK_ID_ENV] = _LAUNCH_ENV[NOTEBOOK_ID_ENV] = notebook_id
 
 
 def _name_connection_file(kernel_id: str) -> None:

@@ -101,8 +101,9 @@ class ImageWriter:
     ) -> dict[str, Any]:
         """Write the manifest and return it. ``keep``: given the manifest this image would
         have, an existing image's manifest to return instead, committing nothing (a save
-        identical to the image before it); asked only when every chunk was in the store
-        already, since a new chunk means new bytes."""
+        identical to the image before it). Also asked when a chunk was new: the same
+        state may pickle to other bytes (see ``image.identity.canonical_digest``); the
+        chunks staged for it are then discarded."""
         segments: list[dict[str, Any]] = []
         written = 0
         staged: list[tuple[str, str]] = []
@@ -130,8 +131,10 @@ class ImageWriter:
             "sizes": {**manifest.get("sizes", {}), "logical": logical, "written": written},
             "encryption": self.store.chunks.encryption,
         }
-        kept = keep(manifest) if keep is not None and not written else None
+        kept = keep(manifest) if keep is not None else None
         if kept is not None:
+            for stage, _ in staged:
+                self.store.backend.discard(stage)
             self._release()
             self.progress.finish()
             return kept

@@ -12,7 +12,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { showDetails } from './details';
-import { baseName, formatBytes, shortId } from './format';
+import { baseName, formatBytes, shortId, shortReason } from './format';
 import {
   confirmSuspend,
   excludeCode,
@@ -108,9 +108,9 @@ export class CkptActions implements IRowActions {
           this._reportResume(row, resumed);
         }
       } catch (error) {
-        Notification.error(
-          this._trans.__('Could not resume %1: %2', row.title, reason(error)),
-          { autoClose: false }
+        this._failure(
+          this._trans.__('Could not resume %1', row.title),
+          reason(error)
         );
       }
       void this._sessions.refresh();
@@ -213,12 +213,9 @@ export class CkptActions implements IRowActions {
         ]);
         await showDetails(row.title, image, previous, this._trans);
       } catch (error) {
-        Notification.error(
-          this._trans.__(
-            'Could not load the details of %1: %2',
-            row.title,
-            reason(error)
-          )
+        this._failure(
+          this._trans.__('Could not load the details of %1', row.title),
+          reason(error)
         );
       }
     });
@@ -295,11 +292,11 @@ export class CkptActions implements IRowActions {
     if (what === 'Suspend' && Object.keys(lost).length) {
       this._unsaveable(kernelId, lost, trans.__('Not suspended.'), true);
     } else {
-      Notification.error(
+      this._failure(
         what === 'Checkpoint'
-          ? trans.__('Could not save the kernel state: %1', failure)
-          : trans.__('Could not suspend the kernel: %1', failure),
-        { autoClose: false }
+          ? trans.__('Could not save the kernel state')
+          : trans.__('Could not suspend the kernel'),
+        failure
       );
     }
   }
@@ -409,9 +406,9 @@ export class CkptActions implements IRowActions {
         kernel.dispose();
       }
     } catch (error) {
-      Notification.error(
-        trans.__('Could not exclude %1: %2', nameList(names), reason(error)),
-        { autoClose: false }
+      this._failure(
+        trans.__('Could not exclude %1', nameList(names)),
+        reason(error)
       );
       return false;
     }
@@ -425,6 +422,28 @@ export class CkptActions implements IRowActions {
     }
     await this._kernels.refresh(kernelId).catch(() => undefined);
     return true;
+  }
+
+  /** A failure as one short sentence (no server paths, no errno); the server's whole
+   * message, with its advice, behind Show details. */
+  private _failure(lead: string, why: string): void {
+    const trans = this._trans;
+    Notification.error(`${lead}: ${shortReason(why)}.`, {
+      autoClose: false,
+      actions: [
+        {
+          label: trans.__('Show details'),
+          callback: event => {
+            event.preventDefault(); // the notification stays until the user acts
+            void showDialog({
+              title: lead,
+              body: why,
+              buttons: [Dialog.okButton({ label: trans.__('Close') })]
+            });
+          }
+        }
+      ]
+    });
   }
 
   private _success(message: string): void {
@@ -621,7 +640,7 @@ export class CkptActions implements IRowActions {
     const result = await showDialog({
       title: trans.__('Replace the Kernel?'),
       body: trans.__(
-        "%1 has a running kernel. Resuming shuts it down and connects the notebook to the restored kernel; the running kernel's variables are lost unless you save its state first.",
+        '%1 has a running kernel. Resuming saves its variables to an image (labelled "replaced" in Saved Sessions, where you can resume it later), shuts it down and connects the notebook to the restored kernel. If that save fails, its variables are lost.',
         notebook
       ),
       buttons: [

@@ -62,3 +62,18 @@ export function shortenIds(text: string): string {
     id => shortId(id)
   );
 }
+
+/**
+ * A server's failure message as one short sentence for a notification: its first
+ * clause (up to the parenthesis or semicolon that starts the detail and the advice),
+ * without server paths or URLs, and with short ids. The whole message stays available
+ * behind "Show details".
+ */
+export function shortReason(message: string): string {
+  const first = message.split(/\s\(|;\s|\.\s/)[0];
+  const short = shortenIds(first)
+    .replace(/\s(?:\/|[a-z][a-z0-9+.-]*:\/\/)\S*/gi, '')
+    .replace(/\s+/g, ' ')
+    .trim();
+  return short || shortenIds(message);
+}

@@ -170,14 +170,18 @@ function activate(
   };
   manager.sessions.runningChanged.connect(onRunning);
   manager.kernels.runningChanged.connect(onRunning);
-  // a notebook renamed here: its entry (and the images saved under its old name) go
-  // with it; a file deleted here: the entry's Resume finds out when clicked
+  // A notebook renamed or deleted here: the server, which follows each image's
+  // notebook by its file id, names its new path (or none) at once. Images written
+  // before notebooks had ids follow only the renames made here.
   manager.contents.fileChanged.connect(
     (_: unknown, change: Contents.IChangedArgs) => {
       const from = change.oldValue?.path;
       const to = change.newValue?.path;
       if (change.type === 'rename' && from && to) {
         sessions.noteRename(from, to);
+      }
+      if (change.type === 'rename' || change.type === 'delete') {
+        void sessions.refresh();
       }
     }
   );
@@ -197,8 +201,13 @@ function activate(
     }
   });
 
+  // The widget in front, notebook or console, as JupyterLab's own kernel commands
+  // take it: the main area's current widget (the notebook tracker's only without a
+  // lab shell). A sidebar or the palette in focus does not change it.
+  const currentSession = (): ISessionContext | null =>
+    sessionContextOf(labShell ? labShell.currentWidget : tracker.currentWidget);
   const currentKernel = (): string | null =>
-    tracker.currentWidget?.sessionContext.session?.kernel?.id ?? null;
+    currentSession()?.session?.kernel?.id ?? null;
   const whyNot = (): IBlocked | null =>
     commandBlocked(
       currentKernel(),
@@ -361,8 +370,18 @@ function activate(
     });
   }
 
-  kernels.changed.connect(() => app.commands.notifyCommandChanged());
-  tracker.currentChanged.connect(() => app.commands.notifyCommandChanged());
+  // the commands' labels and enabled states follow the widget in front and its kernel
+  const commandsChanged = () => app.commands.notifyCommandChanged();
+  let watched: ISessionContext | null = null;
+  const followCurrent = () => {
+    watched?.kernelChanged.disconnect(commandsChanged);
+    watched = currentSession();
+    watched?.kernelChanged.connect(commandsChanged);
+    commandsChanged();
+  };
+  kernels.changed.connect(commandsChanged);
+  tracker.currentChanged.connect(followCurrent);
+  labShell?.currentChanged.connect(followCurrent);
   // JupyterLab's own kernel indicator in the notebook's toolbar knows nothing of
   // suspension: a glyph and a tooltip on it say so while the kernel is suspended
   const markSuspended = () =>
@@ -379,8 +398,7 @@ function activate(
     );
     // the item follows the notebook or console in front; other documents hide it
     const follow = () => {
-      const current = labShell ? labShell.currentWidget : tracker.currentWidget;
-      item.session = sessionContextOf(current);
+      item.session = currentSession();
     };
     tracker.currentChanged.connect(follow);
     labShell?.currentChanged.connect(follow);

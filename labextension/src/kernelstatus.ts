@@ -267,11 +267,11 @@ export function wakesKernel(
   return channel === 'shell' && WAKING.has(msgType);
 }
 
-/** The status bar's short text when the server cannot reach its store, or null. */
+/** The status bar's short text when the server cannot use its store (unreachable, read-only, full), or null. */
 export function storeProblem(reply: IStatusReply): string | null {
   const store = reply.store;
   return store && !store.ok
-    ? `Store unreachable: ${store.error ?? 'no answer'}`
+    ? `Store unavailable: ${store.error ?? 'no answer'}`
     : null;
 }
 

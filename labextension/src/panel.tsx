@@ -231,6 +231,7 @@ export class SavedSessionsPanel extends ReactWidget {
             onChange={event => (model.query = event.target.value)}
           />
         </div>
+        {this._renderStoreProblem()}
         {this._renderState()}
         {entries.length > 0 && (
           <ul
@@ -250,6 +251,31 @@ export class SavedSessionsPanel extends ReactWidget {
           </ul>
         )}
       </>
+    );
+  }
+
+  /** While the server cannot use its store: that nothing is saved, suspended or
+   * deleted meanwhile, and why. */
+  private _renderStoreProblem(): JSX.Element | null {
+    const problem = this._kernels.storeProblem;
+    if (!problem) {
+      return null;
+    }
+    const trans = this._trans;
+    return (
+      <div
+        className="jp-CkptPanel-message jp-mod-error jp-CkptPanel-store"
+        role="alert"
+      >
+        <p>
+          {trans.__(
+            'The store cannot be written now: kernels are not saved or suspended, and images cannot be deleted. This clears once a save succeeds.'
+          )}
+        </p>
+        <p className="jp-CkptPanel-storeError" title={problem}>
+          {problem}
+        </p>
+      </div>
     );
   }
 
@@ -453,7 +479,12 @@ export class SavedSessionsPanel extends ReactWidget {
             {note}
           </p>
         )}
-        {this._renderActions(row, label, tabbable)}
+        {this._renderActions(
+          row,
+          // an older image's buttons name the image: the entry's head has the same title
+          head ? label : trans.__('%1, image %2', label, imageLabel(image)),
+          tabbable
+        )}
         {older.length > 0 && (
           <details className="jp-CkptRow-older">
             <summary tabIndex={tabbable ? 0 : -1}>
@@ -610,7 +641,14 @@ export class SavedSessionsPanel extends ReactWidget {
     tabIndex: number
   ): JSX.Element {
     const trans = this._trans;
-    const blocked = deleteBlocked(row.image);
+    const blocked =
+      deleteBlocked(row.image) ??
+      (this._kernels.storeProblem
+        ? trans.__(
+            'The store cannot be written now, so no image can be deleted: %1',
+            this._kernels.storeProblem
+          )
+        : null);
     return (
       <button
         key="delete"

@@ -128,7 +128,9 @@ export async function resumeInto(
     );
   }
   const notebook =
-    row.notebook && (await host.exists(row.notebook)) ? row.notebook : null;
+    row.notebook && !row.notebookGone && (await host.exists(row.notebook))
+      ? row.notebook
+      : null;
   const suspended =
     row.suspendedKernel !== null &&
     (await host.isSuspended(row.suspendedKernel));

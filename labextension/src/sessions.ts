@@ -9,6 +9,9 @@ export interface ISessionRow {
   image: IImage;
   /** API path of the notebook (relative to the server root), when known. */
   notebook: string | null;
+  /** The notebook file the image was saved for is gone (deleted, or renamed outside
+   * the server's view): `notebook` is where it was, and may be another file now. */
+  notebookGone?: boolean;
   /** What the row is called: the notebook's file name, else the image's name or id. */
   title: string;
   /** The suspended kernel that needs this image, if any. */
@@ -193,12 +196,17 @@ export function sessionRows(
   serverRoot: string
 ): ISessionRow[] {
   const notebookOf = (image: IImage): string | null => {
+    if (image.notebook_id && image.notebook_current_path) {
+      return image.notebook_current_path; // the server follows the file
+    }
     const recorded = image.notebook_path
       ? apiPath(image.notebook_path, serverRoot)
       : null;
     if (!recorded || !recorded.endsWith('.ipynb')) {
       return null;
     }
+    // an image without a file id, or whose file is gone: the renames seen here are
+    // all there is to go by (a gone file: where it was last seen)
     const created = Date.parse(image.created ?? '') || 0;
     return followRenames(recorded, created, live.renames ?? []);
   };
@@ -215,6 +223,11 @@ export function sessionRows(
     return {
       image,
       notebook,
+      notebookGone:
+        !!notebook &&
+        !kernel &&
+        !!image.notebook_id &&
+        !image.notebook_current_path,
       title: notebook ? baseName(notebook) : console || image.name || image.id,
       suspendedKernel: kernel,
       inUse: inUseNames(image, live)
@@ -232,9 +245,13 @@ export interface ISessionEntry {
   older: ISessionRow[];
 }
 
-/** What entry a row belongs to: its notebook, else the kernel that wrote it. */
+/** What entry a row belongs to: its notebook file (by the file's id, which follows
+ * renames; by its path for images without one), else the kernel that wrote it. */
 function entryKey(row: ISessionRow): string {
   if (row.image.state !== 'invalid') {
+    if (row.image.notebook_id) {
+      return `file:${row.image.notebook_id}`;
+    }
     if (row.notebook) {
       return `notebook:${row.notebook}`;
     }
@@ -599,6 +616,9 @@ export function entryState(
     return { state: 'suspended', kernel: row.suspendedKernel };
   }
   const own = row.image.kernel_id;
+  if (row.notebookGone) {
+    return { state: 'saved', kernel: null }; // a file of its old name is another one
+  }
   const kernel = row.notebook
     ? [...kernelPaths].find(([, path]) => path === row.notebook)?.[0]
     : own && kernelState(own)

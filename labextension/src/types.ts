@@ -23,7 +23,13 @@ export interface IImage {
   /** The image this one's kernel was restored from or saved before, if any. */
   parent?: string | null;
   kernel_id?: string | null;
+  /** The notebook the kernel was started for, as its path then. */
   notebook_path?: string | null;
+  /** The notebook file's id (the server's file ID service): it follows the file
+   * through renames and moves, and a new file of the old name gets another. */
+  notebook_id?: string | null;
+  /** That file's API path now; null when it is gone (or the image has no id). */
+  notebook_current_path?: string | null;
   devices?: string[];
   size?: { logical?: number; written?: number };
   variables_count?: number;

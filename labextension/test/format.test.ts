@@ -5,7 +5,8 @@ import {
   formatBytes,
   formatDuration,
   relativeTime,
-  shortenIds
+  shortenIds,
+  shortReason
 } from '../src/format';
 
 describe('formatBytes', () => {
@@ -56,5 +57,23 @@ describe('shortenIds', () => {
       'image 3f9a2c51 is needed by running kernel 0b1c2d3e; resume or shut down that kernel first'
     );
     expect(shortenIds('cafe 1234 deadbeef')).toBe('cafe 1234 deadbeef');
+  });
+});
+
+describe('shortReason', () => {
+  it('keeps the first clause, without server paths or URLs', () => {
+    expect(
+      shortReason(
+        "the store /srv/ckpt/users/me is read-only ([Errno 30] Read-only file system: '/srv/ckpt/users/me/leases/.tmp-d6054ea0'): images can be listed; mount it writable"
+      )
+    ).toBe('the store is read-only');
+    expect(
+      shortReason(
+        'cannot reach the store s3://bucket/me (Connect timeout on endpoint URL: "http://10.0.0.9:9000/bucket"); check that it is up'
+      )
+    ).toBe('cannot reach the store');
+  });
+  it('keeps a message that is all detail', () => {
+    expect(shortReason('/a/b')).toBe('/a/b');
   });
 });

@@ -228,7 +228,7 @@ describe('storeProblem', () => {
       'cannot reach the store s3://bucket/ckpt (connection refused)';
     expect(
       storeProblem({ kernels: [], store: { ...store, ok: false, error } })
-    ).toBe(`Store unreachable: ${error}`);
+    ).toBe(`Store unavailable: ${error}`);
     expect(
       storeProblem({ kernels: [], store: { ...store, ok: true, error: null } })
     ).toBeNull();
@@ -243,7 +243,7 @@ describe('storeProblem', () => {
       })
     });
     await m.refresh();
-    expect(m.storeProblem).toBe('Store unreachable: connection refused');
+    expect(m.storeProblem).toBe('Store unavailable: connection refused');
   });
 });
 

@@ -257,6 +257,55 @@ describe('groupRows', () => {
       ['console', ['console-old']]
     ]);
   });
+  it('groups by the notebook file id, titled by the file path now', () => {
+    const rows = sessionRows(
+      [
+        // saved after a rename by the kernel started under the old name
+        image('after', '2026-11-28T12:00:00Z', {
+          notebook_path: `${ROOT}/Untitled.ipynb`,
+          notebook_id: 'f1',
+          notebook_current_path: 'A.ipynb'
+        }),
+        // a new notebook of the old name: another file
+        image('new', '2026-11-28T11:30:00Z', {
+          notebook_path: `${ROOT}/Untitled.ipynb`,
+          notebook_id: 'f2',
+          notebook_current_path: 'Untitled.ipynb'
+        }),
+        image('before', '2026-11-28T11:00:00Z', {
+          notebook_path: `${ROOT}/Untitled.ipynb`,
+          notebook_id: 'f1',
+          notebook_current_path: 'A.ipynb'
+        })
+      ],
+      { kernelPaths: new Map([['k9', 'Untitled.ipynb']]) },
+      ROOT
+    );
+    const entries = groupRows(rows);
+    expect(
+      entries.map(e => [e.latest.title, e.older.map(r => r.image.id)])
+    ).toEqual([
+      ['A.ipynb', ['before']],
+      ['Untitled.ipynb', []]
+    ]);
+  });
+  it('shows a deleted notebook where it was, never running', () => {
+    const [row] = sessionRows(
+      [
+        image('gone', '2026-11-28T12:00:00Z', {
+          notebook_path: `${ROOT}/Untitled.ipynb`,
+          notebook_id: 'f1',
+          notebook_current_path: null
+        })
+      ],
+      { kernelPaths: new Map() },
+      ROOT
+    );
+    expect([row.notebook, row.notebookGone]).toEqual(['Untitled.ipynb', true]);
+    // a new Untitled.ipynb runs a kernel: not this entry's
+    const live = new Map([['k9', 'Untitled.ipynb']]);
+    expect(entryState(row, live, () => 'running').state).toBe('saved');
+  });
   it('never folds images that fail verification', () => {
     const bad = { state: 'invalid' as const, kernel_id: 'k1' };
     const rows = sessionRows(

@@ -26,6 +26,7 @@ from .kernelmanager import CkptKernelManager
 from .manager import CkptManager
 from .metrics import MetricsListener
 from .monitor import IdleMonitor
+from .notebookids import NotebookIds
 from .policy import SuspendPolicy
 from .service import CkptService
 from .shutdown import StopGuard, grace_period_warning
@@ -99,6 +100,7 @@ class CkptExtensionApp(ExtensionApp):
         self.demand = GpuDemand(self.manager, self.monitor, demand_dir)
         km.gpu_gate = self.demand.before_start
         self.manager.lifecycles.gpu_gate = self.demand.before_restore
+        notebook_ids = NotebookIds(self.serverapp.web_app.settings, self.serverapp.root_dir)
         km.attach(
             self.manager.lifecycles,
             {
@@ -110,6 +112,7 @@ class CkptExtensionApp(ExtensionApp):
                 "JUPYTER_CKPT_MAP_BUFFERS": "1" if store.map_buffers else "0",
                 gpurequest.DEMAND_DIR_ENV: demand_dir,
             },
+            notebook_ids,
         )
         # what a written image left out decides whether the kernel can be suspended
         event_logger.add_listener(schema_id=SCHEMA_ID, listener=self.monitor.on_event)
@@ -117,7 +120,11 @@ class CkptExtensionApp(ExtensionApp):
         event_logger.add_listener(schema_id=SCHEMA_ID, listener=metrics.on_event)
         self.autosaver = Autosaver(parent=self, manager=self.manager)
         self.service = CkptService(
-            self.manager, self.monitor, self.serverapp.session_manager, self.demand
+            self.manager,
+            self.monitor,
+            self.serverapp.session_manager,
+            self.demand,
+            notebook_ids,
         )
         self.settings.update(
             jupyter_ckpt_manager=self.manager,

@@ -34,6 +34,7 @@ from jupyter_ckpt.errors import CkptError
 
 from . import compat
 from .lifecycle import Lifecycles, State, restoring
+from .notebookids import NotebookIds
 from .rpc import SuspendFailed
 
 if TYPE_CHECKING:
@@ -53,15 +54,24 @@ class CkptKernelManager(AsyncMappingKernelManager):
         # the owner of every kernel's ckpt state; None: the extension is off, and this
         # manager behaves as the stock one
         self.lifecycles: Lifecycles | None = None
+        # the id of a notebook kernel's file, added to its environment
+        self.notebook_ids: NotebookIds | None = None
         self._env_updates: set[asyncio.Task[None]] = set()
         # awaited before a new kernel starts, with its id and kernel spec name: waits for
         # the GPU memory its spec needs (see .demand), or raises CkptError saying why not
         self.gpu_gate: Callable[[str, str], Awaitable[None]] | None = None
 
-    def attach(self, lifecycles: Lifecycles, env: dict[str, str]) -> None:
-        """The extension is on: kernels get ``env`` and the lifecycles own their state."""
+    def attach(
+        self,
+        lifecycles: Lifecycles,
+        env: dict[str, str],
+        notebook_ids: NotebookIds | None = None,
+    ) -> None:
+        """The extension is on: kernels get ``env`` (and their notebook's file id) and
+        the lifecycles own their state."""
         self.lifecycles = lifecycles
         self.ckpt_env = env
+        self.notebook_ids = notebook_ids
 
     def __contains__(self, kernel_id: object) -> bool:
         if isinstance(kernel_id, str) and self.has_process(kernel_id):
@@ -206,6 +216,8 @@ class CkptKernelManager(AsyncMappingKernelManager):
                 raise web.HTTPError(503, str(exc)) from exc
         base_env = kwargs.pop("env", None) or os.environ
         env = {**base_env, **self.ckpt_env}
+        if self.notebook_ids is not None:
+            env.update(self.notebook_ids.env_for(env))
         kernel_id = await super()._async_start_kernel(
             kernel_id=kernel_id, path=path, env=env, **kwargs
         )

@@ -15,6 +15,7 @@ from jupyter_ckpt.errors import InvalidReference
 from .demand import GpuDemand
 from .manager import CkptManager, NothingToSave, SuspendFailed
 from .monitor import IdleMonitor
+from .notebookids import NotebookIds
 from .storehealth import StoreHealth
 from .work import quiet_call
 
@@ -31,6 +32,8 @@ def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
         "trigger": manifest.get("trigger"),
         "kernel_id": kernel.get("id"),
         "notebook_path": kernel.get("notebook_path"),
+        # the notebook file's id (jupyter_server_fileid), which follows renames and moves
+        "notebook_id": kernel.get("notebook_id"),
         "devices": manifest.get("devices", []),
         "size": manifest.get("sizes", {}),
         "variables_count": len(variables),
@@ -40,6 +43,10 @@ def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
         "python": manifest.get("environment", {}).get("python"),
         "gpu": _gpu_summary(manifest),
     }
+
+
+def _notebook_id(manifest: dict[str, Any]) -> str | None:
+    return (manifest.get("kernel") or {}).get("notebook_id")
 
 
 def _gpu_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:
@@ -76,11 +83,13 @@ class CkptService:
         monitor: IdleMonitor,
         session_manager: Any,
         demand: GpuDemand | None = None,
+        notebook_ids: NotebookIds | None = None,
     ) -> None:
         self.manager = manager
         self.monitor = monitor
         self.session_manager = session_manager
         self.demand = demand
+        self.notebook_ids = notebook_ids
 
     @property
     def node(self) -> dict[str, Any]:
@@ -125,6 +134,7 @@ class CkptService:
         in_use = await self._in_use()
         valid = [m for _, m, _ in entries if m is not None]
         verdicts = iter(compat.check_all(valid, self.node))
+        paths = self._notebook_paths(valid)
         images: list[dict[str, Any]] = []
         for image_id, manifest, error in entries:
             if manifest is None:
@@ -134,6 +144,7 @@ class CkptService:
                 {
                     **image_summary(manifest),
                     **states.get(image_id, {"state": "saved"}),
+                    "notebook_current_path": paths.get(_notebook_id(manifest)),
                     "in_use_by": in_use.get(image_id, []),
                     "compatibility": next(verdicts),
                 }
@@ -147,11 +158,20 @@ class CkptService:
         return {
             **image_summary(manifest),
             **states.get(manifest["id"], {"state": "saved"}),
+            "notebook_current_path": self._notebook_paths([manifest]).get(_notebook_id(manifest)),
             "in_use_by": in_use.get(manifest["id"], []),
             "variables": manifest.get("variables", []),
             "environment": manifest.get("environment", {}),
             "compatibility": compat.check(manifest, self.node),
         }
+
+    def _notebook_paths(self, manifests: list[dict[str, Any]]) -> dict[str | None, str | None]:
+        """Notebook file id -> the file's API path now (None: gone), for the images'
+        notebooks: one look-up per notebook, not per image."""
+        ids = {_notebook_id(m) for m in manifests} - {None}
+        if self.notebook_ids is None:
+            return {}
+        return {i: self.notebook_ids.path_of(i) for i in ids}
 
     async def delete_image(self, ref: str) -> str:
         started = time.perf_counter()

@@ -64,6 +64,25 @@ def run_cell(page: Page, code: str) -> Locator:
     return cell.locator(".jp-OutputArea")
 
 
+def open_console(page: Page) -> None:
+    """File > New > Console, on the default kernel (asked for: there are two specs)."""
+    page.locator(".lm-MenuBar-itemLabel:text-is('File')").click()
+    page.locator(".lm-Menu-itemLabel:text-is('New')").click()
+    page.locator(".lm-Menu-itemLabel:text-is('Console')").click()
+    confirm(page, "Select")
+    expect(page.locator(".jp-CodeConsole:not(.lm-mod-hidden)")).to_be_visible(timeout=30_000)
+
+
+def run_command(page: Page, label: str) -> None:
+    """Run a command from the command palette, as a keyboard user does."""
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").click()
+    page.keyboard.press("Control+Shift+C")
+    palette = page.locator(".lm-CommandPalette-input")
+    expect(palette).to_be_focused()
+    palette.fill(label)
+    page.locator(".lm-CommandPalette-item.lm-mod-active").filter(has_text=label).click()
+
+
 def open_panel(page: Page) -> Locator:
     panel = page.locator(PANEL)
     if not panel.is_visible():  # the sidebar tab toggles: a second click would close it

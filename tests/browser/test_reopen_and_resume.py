@@ -11,6 +11,7 @@ from browser_helpers import (
     confirm,
     entries,
     image_row,
+    open_console,
     open_notebook,
     open_panel,
     page_problems,
@@ -48,17 +49,14 @@ def runs_in_a_process(lab: Lab, kernel_id: str) -> bool:
         return False
 
 
-def open_console(page: Page) -> None:
-    """File > New > Console, on the default kernel (asked for: there are two specs)."""
-    page.locator(".lm-MenuBar-itemLabel:text-is('File')").click()
-    page.locator(".lm-Menu-itemLabel:text-is('New')").click()
-    page.locator(".lm-Menu-itemLabel:text-is('Console')").click()
-    confirm(page, "Select")
-    expect(page.locator(".jp-CodeConsole:not(.lm-mod-hidden)")).to_be_visible(timeout=30_000)
-
-
 def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> None:
     problems = page_problems(page)
+    # this test's sessions: other tests' kernels may still run on the shared server
+    before = {s["id"] for s in lab.api("GET", "api/sessions")}
+
+    def mine() -> list[dict]:
+        return [s for s in lab.api("GET", "api/sessions") if s["id"] not in before]
+
     first, second = lab.notebook("reopen-a.ipynb"), lab.notebook("reopen-b.ipynb")
     open_notebook(page, lab, second)
     run_cell(page, "b = 2")
@@ -69,11 +67,9 @@ def test_reopening_lab_does_not_wake_suspended_kernels(page: Page, lab: Lab) -> 
     run_cell(page, "a = 1")
     open_console(page)
     expect(current_tab).to_contain_text("Console")
-    wait_until(lambda: len(lab.api("GET", "api/sessions")) >= 3, 60, "three sessions")
-    kernels = [s["kernel"]["id"] for s in lab.api("GET", "api/sessions")]
-    console = next(
-        s["kernel"]["id"] for s in lab.api("GET", "api/sessions") if s["type"] == "console"
-    )
+    wait_until(lambda: len(mine()) >= 3, 60, "three sessions")
+    kernels = [s["kernel"]["id"] for s in mine()]
+    console = next(s["kernel"]["id"] for s in mine() if s["type"] == "console")
     suspend_idle(lab, *kernels)
 
     # JupyterLab reconnects to all three and asks for kernel info, comm info and history

@@ -16,6 +16,7 @@ from browser_helpers import (
     open_notebook,
     open_panel,
     run_cell,
+    run_command,
     saved_image_id,
     screenshot,
     toast,
@@ -135,16 +136,6 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
     expect(dialog.locator("[data-change='removed']")).to_have_text("Removed: a")
     screenshot(dialog.locator(".jp-Dialog-content"), "details-diff")
     confirm(page, "Close")
-
-
-def run_command(page: Page, label: str) -> None:
-    """Run a command from the command palette, as a keyboard user does."""
-    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").click()
-    page.keyboard.press("Control+Shift+C")
-    palette = page.locator(".lm-CommandPalette-input")
-    expect(palette).to_be_focused()
-    palette.fill(label)
-    page.locator(".lm-CommandPalette-item.lm-mod-active").filter(has_text=label).click()
 
 
 def test_commands_checkpoint_and_report_why_a_suspend_failed(page: Page, lab: Lab) -> None:

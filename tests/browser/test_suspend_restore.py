@@ -8,6 +8,7 @@ from browser_helpers import (
     PANEL,
     STATUS,
     SUSPENDED,
+    assert_contrast,
     open_notebook,
     open_panel,
     run_cell,
@@ -28,6 +29,7 @@ def test_idle_kernel_is_suspended_and_its_image_kept(page: Page, lab: Lab) -> No
 
     suspend_idle(lab, kernel_id)
     expect(status).to_have_text(SUSPENDED, timeout=30_000)
+    assert_contrast(status)  # AA on the light theme's status bar
     # the kernel keeps its id: the notebook's session still points at it
     assert lab.kernel_of(notebook) == kernel_id
     screenshot(page.locator(".jp-StatusBar-Widget"), "statusbar-suspended")

@@ -181,3 +181,28 @@ async def test_the_servers_save_reports_a_variable_that_would_not_load(jp_fetch,
     summary = json.loads(response.body)
     assert "kept" in summary["saved"], summary
     assert "would not load" in summary["lost"].get("fragile", ""), summary
+
+
+async def test_the_first_save_after_a_restore_keeps_the_restored_image(jp_fetch, connect, manager):
+    """A kernel restored from an image (woken by a cell that changes nothing, or resumed
+    into its notebook) holds that image's state: its next save writes no new image."""
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute(
+        "w = 3\nimport json\nimport numpy as np\na = np.arange(10**6)\nimport pandas as pd\n"
+        "df = pd.DataFrame({'x': range(1000)})\ndef f(x):\n    return x + w\n"
+    )
+    suspended = (await manager.suspend(kernel_id, trigger="idle"))["id"]
+    reply, _ = await (await connect(kernel_id)).execute("print(w)")
+    assert reply["status"] == "ok"
+    again = await manager.checkpoint(kernel_id)
+    assert (again["id"], again["unchanged"]) == (suspended, True)
+
+    r = await jp_fetch(
+        "api", "ckpt", "images", suspended, "resume", method="POST",
+        body=json.dumps({"path": "work.ipynb"}),
+    )  # fmt: skip
+    resumed = json.loads(r.body)["kernel"]["id"]
+    reply, _ = await (await connect(resumed)).execute("print(w)")
+    assert reply["status"] == "ok"
+    after = await manager.checkpoint(resumed)
+    assert (after["id"], after["unchanged"]) == (suspended, True)

@@ -19,6 +19,7 @@ from typing import Any
 from jupyter_ckpt import compat
 from jupyter_ckpt.errors import CkptError, GpuUnavailable, IncompatibleImage, StoreUnavailable
 from jupyter_ckpt.kernel import summarize_save
+from jupyter_ckpt.kernel.state import NOTEBOOK_ID_ENV
 
 from ..backoff import backoff
 from ..readahead import readahead
@@ -182,9 +183,11 @@ class Restore:
             async with owner.progress.watch(kernel_id, "restore") as progress:
                 # who the kernel is: a process that stood by was started as no one
                 notebook = env.get("JPY_SESSION_NAME")
+                notebook_id = env.get(NOTEBOOK_ID_ENV)
                 call = (
                     f"restore({record['image_id']!r}, progress={progress!r}, "
-                    f"kernel_id={kernel_id!r}, notebook={notebook!r})"
+                    f"kernel_id={kernel_id!r}, notebook={notebook!r}, "
+                    f"notebook_id={notebook_id!r})"
                 )
                 timeline.mark("restore request sent")
                 report.update(await self._read_image(lc, call, timeline))
