@@ -261,26 +261,25 @@ MUTANTS = [
     # -- the server's suspend path ------------------------------------------------------
     Mutant(
         "verify-skipped",
-        f"{SERVER}/lifecycle.py",
-        "            await asyncio.to_thread(self.store.verify, image_id)\n"
-        "        except CkptError as exc:\n"
-        "            # a broken image",
-        "            pass\n        except CkptError as exc:\n            # a broken image",
+        f"{SERVER}/lifecycle/checkpoint.py",
+        "            await asyncio.to_thread(self.owner.store.verify, image_id)\n"
+        "        except StoreError as exc:",
+        "            pass\n        except StoreError as exc:",
         (SAFETY,),
     ),
     Mutant(
         "verify-failure-ignored",
-        f"{SERVER}/lifecycle.py",
+        f"{SERVER}/lifecycle/checkpoint.py",
         "            raise SuspendFailed("
         'f"the image failed verification and was removed: {exc}") from exc\n',
-        "            self.log.warning('verification: %s', exc)\n",
+        "            self.owner.log.warning('verification: %s', exc)\n",
         (SAFETY,),
     ),
     Mutant(
         "gpu-release-not-awaited",
-        f"{SERVER}/lifecycle.py",
-        "        if usage.holds_gpu:\n            release = await self.rpc.wait_gpu_released(",
-        "        if False:\n            release = await self.rpc.wait_gpu_released(",
+        f"{SERVER}/lifecycle/suspend.py",
+        "        if usage.holds_gpu:\n            release = await rpc.wait_gpu_released(",
+        "        if False:\n            release = await rpc.wait_gpu_released(",
         (SAFETY,),
     ),
     Mutant(
@@ -303,50 +302,50 @@ MUTANTS = [
     ),
     Mutant(
         "restore-not-shared",
-        f"{SERVER}/lifecycle.py",
+        f"{SERVER}/lifecycle/restore.py",
         "        if lc.restore_task is None:\n",
         "        if True:\n",
         (SAFETY,),
     ),
     Mutant(
         "busy-kernel-suspended",
-        f"{SERVER}/lifecycle.py",
-        '        if kernel.execution_state == "busy":\n            raise SuspendFailed(',
-        "        if False:\n            raise SuspendFailed(",
+        f"{SERVER}/lifecycle/suspend.py",
+        "            if await rpc.busy(kernel_id):\n                raise SuspendFailed(",
+        "            if False:\n                raise SuspendFailed(",
         (SUSPEND,),
     ),
     Mutant(
         "unsaveable-keep-ignored",
-        f"{SERVER}/lifecycle.py",
-        'if summary["lost"] and self.policy.on_unsaveable == "keep" and trigger != "shutdown":',
+        f"{SERVER}/lifecycle/suspend.py",
+        'if summary["lost"] and owner.policy.on_unsaveable == "keep" and trigger != "shutdown":',
         "if False:",
         (SUSPEND, MONITOR),
     ),
     Mutant(
         "last-abort-check-skipped",
-        f"{SERVER}/lifecycle.py",
+        f"{SERVER}/lifecycle/suspend.py",
         "            # the last checks: no await from here until the process is told to stop\n"
-        "            self._check(lc)\n",
+        "            owner.check(lc)\n",
         "            # the last checks: no await from here until the process is told to stop\n",
         (RACES,),
     ),
     Mutant(
         "aborted-record-kept",
-        f"{SERVER}/lifecycle.py",
+        f"{SERVER}/lifecycle/suspend.py",
         "            if recorded:\n",
         "            if False:\n",
         (RACES, SAFETY),
     ),
     Mutant(
         "record-without-sessions",
-        f"{SERVER}/lifecycle.py",
-        '                "sessions": await self.sessions_of(kernel_id),\n',
+        f"{SERVER}/lifecycle/suspend.py",
+        '                "sessions": await self.sessions.of(kernel_id),\n',
         '                "sessions": [],\n',
         ("tests/server/test_server_records.py", "tests/server/test_server_restart.py"),
     ),
     Mutant(
         "record-without-env",
-        f"{SERVER}/lifecycle.py",
+        f"{SERVER}/lifecycle/records.py",
         '            "env": lc.launch.get("env", {}),\n',
         '            "env": {},\n',
         (SUSPEND, "tests/server/test_server_restart.py"),
@@ -417,12 +416,12 @@ MUTANTS = [
     # -- autosave and stopping --------------------------------------------------------------
     Mutant(
         "autosave-recorded-before-verify",
-        f"{SERVER}/lifecycle.py",
+        f"{SERVER}/lifecycle/autosave.py",
         '                written = None if summary.get("unchanged") else summary["id"]\n'
         "                try:\n",
         '                written = None if summary.get("unchanged") else summary["id"]\n'
-        "                await self._put(\n"
-        '                    lc, await self._running_record(lc, summary, "autosave", now_iso())\n'
+        "                await self.keeper.put(\n"
+        '                    lc, await self.keeper.running(lc, summary, "autosave", now_iso())\n'
         "                )\n"
         "                try:\n",
         (AUTOSAVE,),

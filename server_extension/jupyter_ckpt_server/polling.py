@@ -1,6 +1,6 @@
 """Waiting for what no event announces: jupyter_server keeps its view of a kernel (its
 ``execution_state``, ``last_activity``, a connection's streams) in plain attributes and
-signals no change, so the server's waits on them poll. (lifecycle.py has its own.)"""
+signals no change, so the server's waits on them poll. (lifecycle/start.py has its own.)"""
 
 from __future__ import annotations
 

@@ -309,7 +309,7 @@ async def test_a_resume_waits_for_the_memory_its_image_held(
     await jp_fetch("api", "kernels", source, method="DELETE")
     # the image's tensors lived on GPU 0 (the suite has no GPU to put them there)
     monkeypatch.setattr(
-        "jupyter_ckpt_server.lifecycle.image_device_bytes", lambda manifest: {"0": 3 * GiB}
+        "jupyter_ckpt_server.lifecycle.resume.image_device_bytes", lambda manifest: {"0": 3 * GiB}
     )
     gpus.processes[0].append((os.getpid(), 3 * GiB))  # 2 GiB free of the 3 needed
     manager.policy.demand_timeout = 600

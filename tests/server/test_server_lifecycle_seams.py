@@ -635,7 +635,7 @@ async def test_a_kernel_process_that_cannot_answer_is_started_again(
         f"    {FIRST_PROCESS_FAULTS[fault]}\n"
     )
     monkeypatch.setenv("PYTHONPATH", str(site))
-    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.SILENT_AFTER", 2.0)
+    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.start.SILENT_AFTER", 2.0)
     marker.touch()
     if start == "fresh":
         _, kernel_id = await start_session(jp_fetch, "fresh.ipynb")
@@ -657,8 +657,8 @@ async def test_a_kernel_slow_to_start_is_waited_for(jp_fetch, connect, tmp_path,
         f"import time\nopen({str(starts)!r}, 'a').write('started\\n')\ntime.sleep(4)\n"
     )
     monkeypatch.setenv("IPYTHONDIR", str(startup.parent.parent))
-    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.SILENT_AFTER", 0.5)
-    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.JOIN_TIMEOUT", 2.0)
+    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.start.SILENT_AFTER", 0.5)
+    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.start.JOIN_TIMEOUT", 2.0)
     _, kernel_id = await start_session(jp_fetch, "slow.ipynb")
     assert await value_in(connect, kernel_id, "1 + 1") == "2"
     assert starts.read_text().splitlines() == ["started"]
@@ -677,7 +677,7 @@ async def test_a_kernel_whose_launcher_is_slow_is_waited_for(
     python_kernelspec(
         jp_data_dir, "slow-launcher", "Slow launcher", ["sh", "-c", launcher, "{connection_file}"]
     )
-    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.SILENT_AFTER", 0.5)
+    monkeypatch.setattr("jupyter_ckpt_server.lifecycle.start.SILENT_AFTER", 0.5)
     body = {"path": "slow.ipynb", "type": "notebook", "kernel": {"name": "slow-launcher"}}
     response = await jp_fetch(
         "api", "sessions", method="POST", body=json.dumps(body), request_timeout=scaled(60)
