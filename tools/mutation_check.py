@@ -56,11 +56,11 @@ MUTANTS = [
     Mutant(
         "capture-drops-aliases",
         "jupyter_ckpt/image/capture.py",
-        "        try:\n            nbytes, devices = stream.add(value)\n",
+        "        try:\n            nbytes, devices = pickled.stream.add(value)\n",
         "        if any(variables[n] is value for n in names):\n"
         '            record.update(status="saved", bytes=0, devices=[])\n'
         "            continue\n"
-        "        try:\n            nbytes, devices = stream.add(value)\n",
+        "        try:\n            nbytes, devices = pickled.stream.add(value)\n",
         (ROUNDTRIP,),
     ),
     Mutant(
@@ -80,14 +80,14 @@ MUTANTS = [
     Mutant(
         "probe-not-loaded",
         "jupyter_ckpt/image/stream.py",
-        "                    unpickler.load()  # the probe\n",
+        "                unpickler.load()  # the probe\n",
         "",
         (UNITS, ROUNDTRIP),
     ),
     Mutant(
         "failed-variable-not-poisoned",
         "jupyter_ckpt/image/stream.py",
-        "            salvage.poison(i, memo, reason)\n",
+        "            _poison(unpickler, reader, damage.tainted(i), marker)\n",
         "",
         (UNITS, FAILURES),
     ),
@@ -125,9 +125,9 @@ MUTANTS = [
     Mutant(
         "ipython-filter-widened",
         "jupyter_ckpt/kernel/state.py",
-        "        and name not in _IPYTHON_UNHIDDEN\n",
-        "        and name not in _IPYTHON_UNHIDDEN\n"
-        "        and not name.startswith(('_', 'In', 'Out', 'exit'))\n",
+        "            or name in _IPYTHON_UNHIDDEN\n",
+        "            or name in _IPYTHON_UNHIDDEN\n"
+        "            or name.startswith(('_', 'In', 'Out', 'exit'))\n",
         (ROUNDTRIP,),
     ),
     Mutant(
@@ -204,7 +204,7 @@ MUTANTS = [
     ),
     Mutant(
         "manifest-id-unchecked",
-        "jupyter_ckpt/store/imagestore.py",
+        "jupyter_ckpt/store/space.py",
         '        if manifest.get("id") != image_id:\n',
         "        if False:\n",
         (SECURITY, STORE),
@@ -219,8 +219,8 @@ MUTANTS = [
     Mutant(
         "delete-ignores-records",
         "jupyter_ckpt/store/imagestore.py",
-        '            if record.get("image_id") == image_id:\n',
-        "            if False:\n",
+        "        holder = self.records.pins().holder(image_id)\n",
+        "        holder = None\n",
         (STORE, "tests/test_cli.py"),
     ),
     Mutant(
@@ -293,9 +293,9 @@ MUTANTS = [
         "control-messages-dropped",
         f"{SERVER}/websocket.py",
         "        self._queue.append(incoming_msg)\n"
-        '        if not suspended or (channel == "shell" and header.get("msg_type") in WAKING):\n'
+        "        if not suspended or waking:\n"
         '            self._start_restore("message")\n',
-        '        if not suspended or (channel == "shell" and header.get("msg_type") in WAKING):\n'
+        "        if not suspended or waking:\n"
         "            self._queue.append(incoming_msg)\n"
         '            self._start_restore("message")\n',
         (SAFETY,),
