@@ -25,7 +25,8 @@ from jupyter_client.manager import KernelManager, start_new_kernel
 
 from jupyter_ckpt import image
 from jupyter_ckpt.compat import NODE_FACTS_ENV
-from jupyter_ckpt.store import ImageStore, chunk_path
+from jupyter_ckpt.process import hash_seed_env
+from jupyter_ckpt.store import ImageStore, Signer, chunk_path
 from jupyter_ckpt.store.writer import ImageWriter
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -92,6 +93,8 @@ class Paths:
             "JUPYTER_CKPT_SECRET_FILE": str(self.secret),
             "JUPYTER_CKPT_ENCRYPTION": self.encryption,
             "IPYTHONDIR": str(self.root / "ipython"),
+            # as the server starts its kernels: a restore keeps string hashing (sets' order)
+            **hash_seed_env(Signer(str(self.secret)).derive),
             # so kernels can import the test stand-ins (fake_devices)
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p

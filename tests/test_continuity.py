@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from harness import SHARED_COUNTER, Kernel
 
+from jupyter_ckpt.process.hashing import ENV
+
 # Each topic: the cells that set the state, and the probes (JSON-able expressions).
 SETUP: dict[str, str] = {
     "random streams": """
@@ -25,6 +27,7 @@ import random, numpy as np, torch
 random.seed(1); np.random.seed(0); torch.manual_seed(3)
 random.random(); np.random.rand(); torch.rand(1)  # streams part-way, not at their seed
 np.random.randn()  # numpy's legacy gauss cache holds the second of a pair now
+words = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']
 """,
     "library options": """
 import decimal, sys, warnings, logging, socket
@@ -39,8 +42,8 @@ logging.getLogger('project.io').setLevel(logging.ERROR)
 logging.basicConfig(level=logging.INFO, format='%(levelname)s|%(message)s')
 torch.set_num_threads(1); torch.use_deterministic_algorithms(True, warn_only=True)
 torch.set_default_dtype(torch.float64)
-import gc, locale, sklearn
-gc.set_threshold(1234, 11, 12); sys.setswitchinterval(0.002)
+import gc, locale, os, sklearn
+gc.set_threshold(1234, 11, 12); sys.setswitchinterval(0.002); os.umask(0o027)
 locale.setlocale(locale.LC_NUMERIC, 'C.UTF-8')
 sklearn.set_config(transform_output='pandas', assume_finite=True)
 """,
@@ -87,6 +90,9 @@ PROBES: dict[str, list[str]] = {
         "np.random.rand()",
         "np.random.randn()",
         "torch.rand(1).item()",
+        # a set of strings iterates in its process's hash order
+        "random.choice(list(set(words)))",
+        "list(set(words))",
     ],
     "library options": [
         "np.get_printoptions()['precision']",
@@ -108,6 +114,7 @@ PROBES: dict[str, list[str]] = {
         "torch.are_deterministic_algorithms_enabled()",
         "str(torch.get_default_dtype())",
         "gc.get_threshold()",
+        "(lambda mask: (os.umask(mask), mask)[1])(os.umask(0o022))",
         "sys.getswitchinterval()",
         "locale.setlocale(locale.LC_NUMERIC)",
         "sklearn.get_config()['transform_output']",
@@ -201,6 +208,7 @@ def test_the_probes_see_what_the_setup_set(continued: Continuation) -> None:
     fresh = dict(zip(PROBES["library options"], options, strict=True))
     assert fresh["np.get_printoptions()['precision']"] == 3
     assert fresh["sys.getrecursionlimit()"] == 4321
+    assert fresh["(lambda mask: (os.umask(mask), mask)[1])(os.umask(0o022))"] == 0o027
     assert fresh["sklearn.get_config()['transform_output']"] == "pandas"
     sharing = dict(zip(PROBES["sharing"], continued.uninterrupted["sharing"], strict=True))
     assert sharing["[inc(), get()]"] == [3, 3]
@@ -261,6 +269,26 @@ def test_an_option_a_restore_cannot_set_is_named(start_kernel, ckpt_paths) -> No
     out = b.ckpt("restore options")
     b.run("np.set_printoptions = _real")
     assert "Warning: numpy not restored: ValueError: refused here" in out, out
+
+
+def test_string_hashing_unlike_the_saved_kernel_s_is_named(
+    start_kernel, ckpt_paths, monkeypatch
+) -> None:
+    """Kernels started with a random hash seed cannot be restored into one that iterates
+    sets alike: the save says so; a kernel of another seed, the restore."""
+    launch = ckpt_paths.env
+    for seed, says in (("random", "Warning: string hashing not kept"), ("7", None)):
+        monkeypatch.setattr(ckpt_paths, "env", lambda seed=seed: {**launch(), ENV: seed})
+        a = start_kernel(cwd=ckpt_paths.root)
+        saved = a.ckpt(f"save seed-{seed}")
+        assert says in saved if says else "Warning" not in saved, saved
+        a.shutdown()
+    monkeypatch.setattr(ckpt_paths, "env", launch)
+    b = start_kernel(cwd=ckpt_paths.root)
+    out = b.ckpt("restore seed-random")
+    assert "Warning: string hashing was not saved" in out, out
+    out = b.ckpt("restore seed-7")
+    assert "Warning: string hashing not restored" in out, out
 
 
 def test_a_restore_leaves_the_kernel_its_own_launch(start_kernel, ckpt_paths) -> None:

@@ -11,10 +11,12 @@ that its validation and callbacks run as when the user set them.
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import gc
 import locale
 import logging
+import os
 import socket
 import sys
 import warnings
@@ -227,6 +229,16 @@ def _logging_apply(state: dict[str, Any]) -> None:
 _LOCALE_CATEGORIES = ("LC_CTYPE", "LC_COLLATE", "LC_TIME", "LC_MONETARY", "LC_NUMERIC")
 
 
+def _umask() -> int:
+    """Read where the kernel lets it be read: setting it to read it leaves a moment in
+    which another thread's new file gets the wrong mode."""
+    with contextlib.suppress(OSError, StopIteration, ValueError), open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _interpreter_capture() -> dict[str, Any]:
     state = {
         "recursion_limit": sys.getrecursionlimit(),
@@ -235,6 +247,7 @@ def _interpreter_capture() -> dict[str, Any]:
         "gc": (gc.isenabled(), gc.get_threshold()),
         # a query: setlocale without a locale changes nothing
         "locale": {c: locale.setlocale(getattr(locale, c)) for c in _LOCALE_CATEGORIES},
+        "umask": _umask(),
     }
     if hasattr(sys, "get_int_max_str_digits"):  # Python 3.11+
         state["int_max_str_digits"] = sys.get_int_max_str_digits()
@@ -255,6 +268,8 @@ def _interpreter_apply(state: dict[str, Any]) -> None:
     for category, value in state.get("locale", {}).items():
         if locale.setlocale(getattr(locale, category)) != value:
             locale.setlocale(getattr(locale, category), value)
+    if "umask" in state:
+        os.umask(state["umask"])
     if "int_max_str_digits" in state and hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(state["int_max_str_digits"])
 

@@ -14,6 +14,7 @@ from traitlets import TraitError, default
 from jupyter_ckpt import compat, gpurequest
 from jupyter_ckpt.errors import CkptError
 from jupyter_ckpt.gpu import GpuProbe
+from jupyter_ckpt.process import hash_seed_env
 from jupyter_ckpt.store import ImageStore
 
 from . import startup
@@ -111,6 +112,8 @@ class CkptExtensionApp(ExtensionApp):
                 "JUPYTER_CKPT_BUFFER_BYTES": str(store.buffer_bytes),
                 "JUPYTER_CKPT_MAP_BUFFERS": "1" if store.map_buffers else "0",
                 gpurequest.DEMAND_DIR_ENV: demand_dir,
+                # a restored kernel iterates sets of strings as the saved one did
+                **hash_seed_env(store.signer.derive),
             },
             notebook_ids,
         )

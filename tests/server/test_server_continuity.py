@@ -22,6 +22,8 @@ tally = Tally(3)
 random.seed(7); np.random.seed(8)
 np.set_printoptions(precision=2); decimal.getcontext().prec = 41
 warnings.filterwarnings('ignore', message='quiet please')
+words = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']
+order = list(set(words))  # in the process's string-hash order
 """
     + SHARED_COUNTER.replace("{", "{{").replace("}", "}}")
     + """
@@ -31,7 +33,8 @@ inc()
 NEXT = (
     "import json; print(json.dumps([random.random(), np.random.rand(), "
     "np.get_printoptions()['precision'], decimal.getcontext().prec, tally.total(), "
-    "inc(), get(), any(f[1] and f[1].pattern == 'quiet please' for f in warnings.filters)]))"
+    "inc(), get(), any(f[1] and f[1].pattern == 'quiet please' for f in warnings.filters), "
+    "list(set(words)) == order]))"
 )
 
 
@@ -76,6 +79,6 @@ async def test_an_idle_suspend_and_the_first_cell_go_on_as_without_them(
     assert reply["status"] == "ok", text_of(outputs)
     uninterrupted = json.loads(text_of(outputs))
     assert after_restore == uninterrupted
-    assert after_restore[2:] == [2, 41, 30, 2, 2, True]
+    assert after_restore[2:] == [2, 41, 30, 2, 2, True, True]
     standby_pids = manager.lifecycles.standby.pids()
     assert standby or not standby_pids
