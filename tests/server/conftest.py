@@ -14,12 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deadlines import scaled
 from jupyter_ckpt_server.app import SCHEMA_ID
 from jupyter_ckpt_server.manager import CkptManager
 from jupyter_ckpt_server.monitor import IdleMonitor
 from jupyter_client.session import Session
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 from server_helpers import Client, ServerProcess, python_kernelspec
+
+# pytest-jupyter's request fixture, under a name of its own: jp_fetch below wraps it
+upstream_fetch = jp_fetch  # noqa: F405
+
+# seconds a request to the test server may take on an idle machine: a restore or a kernel
+# start behind a slow launcher answers in seconds there
+REQUEST_TIMEOUT = 30
 
 SERVER_CONFIG = {
     "ServerApp": {
@@ -45,6 +53,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
                 report.sections.append((f"server log {server.tmp}", server.log()[-20_000:]))
     if report.when == "teardown":
         ServerProcess.of_test.clear()
+
+
+@pytest.fixture
+def jp_fetch(upstream_fetch: Callable[..., Any]) -> Callable[..., Any]:
+    """pytest-jupyter's, with a request deadline that scales with the machine: its fixed
+    20 s is shorter than a restore behind a kernel start on a loaded one."""
+
+    def fetch(*parts: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("request_timeout", scaled(REQUEST_TIMEOUT))
+        return upstream_fetch(*parts, **kwargs)
+
+    return fetch
 
 
 @pytest.fixture
