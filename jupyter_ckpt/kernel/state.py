@@ -35,6 +35,10 @@ def _launch_environment() -> dict[str, str]:
 
 _LAUNCH_ENV = _launch_environment()
 
+# The option by which the server gives a process it starts ahead its warm-up (see
+# jupyter_ckpt_server.standby): its last argument, which a cold start does not have
+WARM_UP_OPTION = "--IPKernelApp.code_to_run="
+
 # The id of the kernel's notebook file (jupyter_server_fileid), set by the server at launch
 NOTEBOOK_ID_ENV = "JUPYTER_CKPT_NOTEBOOK_ID"
 
@@ -230,8 +234,17 @@ def _name_connection_file(kernel_id: str) -> None:
 
     if IPKernelApp.initialized():
         app = IPKernelApp.instance()
-        folder = os.path.dirname(app.abs_connection_file)
-        app.connection_file = os.path.join(folder, f"kernel-{kernel_id}.json")
+        launched = app.abs_connection_file
+        app.connection_file = os.path.join(os.path.dirname(launched), f"kernel-{kernel_id}.json")
+        sys.argv[:] = _cold_start_argv(sys.argv, launched, app.abs_connection_file)
+
+
+def _cold_start_argv(argv: list[str], launched: str, named: str) -> list[str]:
+    """The command line a cold start of the kernel has: its connection file's name, and
+    not the warm-up the server added last to the process it started ahead."""
+    if argv and argv[-1].startswith(WARM_UP_OPTION):
+        argv = argv[:-1]
+    return [named if arg == launched else arg for arg in argv]
 
 
 def kernel_id() -> str | None:

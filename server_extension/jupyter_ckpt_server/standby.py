@@ -30,13 +30,15 @@ from typing import Any
 
 from jupyter_core.utils import ensure_async
 
+from jupyter_ckpt.kernel.state import WARM_UP_OPTION
+
 from . import compat
 
 # what a standby imports at its start: what every restore imports first, and numpy where
 # it is installed (what array data is restored into; a cold import of it takes ~0.5 s).
 # As the command line's code, run after the kernel's own setup (startup files, the user's
 # exec_lines and exec_files, extensions), which it leaves as a cold start has it.
-WARM_UP = "--IPKernelApp.code_to_run=" + "\n".join(
+WARM_UP = WARM_UP_OPTION + "\n".join(
     [
         "import importlib.util, jupyter_ckpt.kernel",
         "if importlib.util.find_spec('numpy'): import numpy; del numpy",

@@ -125,12 +125,15 @@ async def test_a_kernel_restored_in_the_standby_ran_its_own_setup_and_has_its_fi
         "from ipykernel.connect import get_connection_file\n"
         f"print(json.setup_ran_in == os.getpid(), os.getpid(), "
         f"os.path.basename(get_connection_file()), "
-        f"os.path.basename(find_connection_file({kernel_id!r})))"
+        f"os.path.basename(find_connection_file({kernel_id!r})), "
+        "json.dumps([os.path.basename(a) for a in __import__('sys').argv[1:]]))"
     )
     assert reply["status"] == "ok", text_of(outputs)
-    ran, process, own_file, found = text_of(outputs).split()
+    ran, process, own_file, found, argv = text_of(outputs).split(maxsplit=4)
     assert (ran, process) == ("True", str(pid))
     assert own_file == found == f"kernel-{kernel_id}.json"
+    # as a cold start's command line: the kernel's file, no warm-up
+    assert json.loads(argv) == ["-f", f"kernel-{kernel_id}.json"]
     kernel = manager.kernel_manager.get_kernel(kernel_id)
     assert os.path.basename(kernel.connection_file) == f"kernel-{kernel_id}.json"
 
