@@ -337,9 +337,13 @@ class Kernel:
 
 
 # The names (no dunders) a cell bound or rebound, given the ids of the globals before it.
+# IPython's own names (its caches of the cells: _i3, _3, _) are those it hides, and these
+_IPYTHON_UNHIDDEN = ("_exit_code",)
 _CHANGED = (
     "sorted(k for k, v in globals().items() if {!r}.get(k) != id(v)"
-    " and not (k.startswith('__') and k.endswith('__')))"
+    " and not (k.startswith('__') and k.endswith('__'))"
+    " and not (k in get_ipython().user_ns_hidden and get_ipython().user_ns_hidden[k] is v)"
+    f" and k not in {_IPYTHON_UNHIDDEN!r})"
 )
 
 
@@ -347,12 +351,9 @@ def restore_and_list(kernel: Kernel, ref: str) -> tuple[str, set[str]]:
     """`%ckpt restore ref`; return its output and the names the restore bound or rebound,
     seen from the kernel's globals, not from what jupyter_ckpt reports."""
     before = kernel.eval("{k: id(v) for k, v in globals().items()}")
-    cells = [kernel.last_execution_count + 1]
     out = kernel.ckpt(f"restore {ref}")
     changed = set(kernel.eval(_CHANGED.format(before)))
-    cells.append(kernel.last_execution_count)
-    # what IPython itself binds for each cell
-    return out, changed - {"_i", "_ii", "_iii", *(f"_i{n}" for n in cells)}
+    return out, changed
 
 
 def save_namespace(

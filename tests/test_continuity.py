@@ -271,6 +271,34 @@ def test_an_option_a_restore_cannot_set_is_named(start_kernel, ckpt_paths) -> No
     assert "Warning: numpy not restored: ValueError: refused here" in out, out
 
 
+def test_the_cells_caches_come_back(start_kernel, ckpt_paths) -> None:
+    """IPython's caches of the cells: the last outputs (`_`, `Out`, `_5`), the inputs
+    (`_i`, `_i2`), the last shell command's exit code and the %cd history."""
+    cells = [
+        "x = 41",
+        "x + 1",
+        "import pandas as pd; df = pd.DataFrame({'a': [1]})",
+        "df",
+        "!false",
+        "'text'",
+        f"%cd {ckpt_paths.root}",
+    ]
+    probe = (
+        "[repr(_), repr(__), repr(___), sorted(Out), _i3, _i, _ii, _iii, _3, _exit_code, "
+        "[str(d) for d in _dh], Out[5] is df and _5 is df and __ is df]"
+    )
+    a = start_kernel(cwd=ckpt_paths.root / "cwd")
+    for cell in cells:
+        a.run(cell)
+    a.ckpt("save caches")
+    uninterrupted = a.eval(probe)
+    assert uninterrupted[3] == [3, 5, 7] and uninterrupted[-1] is True, uninterrupted
+    a.shutdown()
+    b = start_kernel(cwd=ckpt_paths.root)
+    assert "Warning" not in b.ckpt("restore caches")
+    assert b.eval(probe) == uninterrupted
+
+
 def test_string_hashing_unlike_the_saved_kernel_s_is_named(
     start_kernel, ckpt_paths, monkeypatch
 ) -> None:

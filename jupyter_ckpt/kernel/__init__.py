@@ -21,6 +21,7 @@ from ..store.progress import Progress
 from . import background
 from .activity import describe as describe
 from .activity import idle_ok as idle_ok
+from .caches import apply_caches, cache_facts
 from .state import (
     adopt,
     apply_kernel_facts,
@@ -140,13 +141,14 @@ class KernelSession:
         autosave's forked child (whose states are the kernel's at the fork: a fork
         reseeds ``random`` in the child)."""
         process_states, lost_states = states or self.process_states()
+        variables = user_variables(self.shell)
         return image.capture(
-            user_variables(self.shell),
+            variables,
             self.shell.user_ns,
             writer,
             name=name,
             exclude=self.excluded,
-            kernel=kernel_facts(self.shell),
+            kernel={**kernel_facts(self.shell), "caches": cache_facts(self.shell, variables)},
             parent=self.last_image,
             buffer_bytes=store.buffer_bytes,
             verify=verify,
@@ -201,6 +203,7 @@ class KernelSession:
         cells = defining_cells(expand_history(history)[1], report.missing) if history else {}
         report.warnings[:0] = place_warnings
         apply_kernel_facts(self.shell, facts)
+        apply_caches(self.shell, facts, set(report.restored))
         self.excluded = set(manifest.get("excluded", []))
         saved_states = manifest.get("process", {})
         self.untouched = self.untouched_after(

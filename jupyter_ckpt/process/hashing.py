@@ -38,8 +38,8 @@ def hash_seed_env(derive: Callable[[bytes], bytes]) -> dict[str, str]:
 def _capture() -> int:
     if os.environ.get(ENV, "random") == "random":
         raise RuntimeError(
-            "this kernel salts string hashes at random (PYTHONHASHSEED unset or random), so sets of "
-            "strings iterate in another order in the restored kernel; the server starts its "
+            "this kernel salts string hashes at random (PYTHONHASHSEED unset or random), so sets "
+            "of strings iterate in another order in the restored kernel; the server starts its "
             "kernels with a fixed seed"
         )
     return hash(_PROBE)
