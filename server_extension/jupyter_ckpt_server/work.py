@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -75,6 +77,8 @@ class Load:
     busy: bool = True
     wakes: int = 0
     awake_window: float = 0.0
+    # seconds since it last ran, where that was read (see last_ran)
+    last_active: float | None = None
 
     def __str__(self) -> str:
         parts = []
@@ -85,6 +89,8 @@ class Load:
         if not parts and self.wakes:
             times = "once" if self.wakes == 1 else f"{self.wakes} times"
             parts.append(f"woke {times} in the last {self.awake_window:.0f} s")
+            if self.last_active is not None:
+                parts.append(f"last active {self.last_active:.1f} s ago")
         return ", ".join(parts) or "active"
 
 
@@ -115,6 +121,29 @@ def thread_runs(pid: int, tid: int) -> int | None:
             return int(f.read().split()[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _ran_at(path: str) -> float | None:
+    """When the thread of a ``sched`` file last started to run, in milliseconds of the
+    scheduler's clock; None where Linux keeps no such file."""
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"se.exec_start"):
+                    return float(line.split(b":")[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
+def last_ran(pid: int, tid: int) -> float | None:
+    """Seconds since the thread last ran. The scheduler's clock is not one Python reads,
+    so the thread's last start is read against this thread's own, which runs now."""
+    theirs = _ran_at(f"/proc/{pid}/task/{tid}/sched")
+    mine = _ran_at(f"/proc/self/task/{threading.get_native_id()}/sched")
+    if theirs is None or mine is None:
+        return None
+    return max(0.0, (mine - theirs) / 1000)
 
 
 def sample(pid: int) -> Sample | None:
@@ -288,6 +317,7 @@ def named(
             if load.busy:
                 native.append(load)
         elif judged["name"] is not None and (load.busy or judged["user"]):
+            load = dataclasses.replace(load, last_active=last_ran(kernel_pid, load.tid))
             reasons.append(f"{judged['name']} ({load})")
     if native:
         busiest = max(native, key=lambda load: (load.cpu_percent, load.io_rate))
