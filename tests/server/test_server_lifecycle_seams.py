@@ -646,7 +646,18 @@ async def test_a_kernel_process_that_cannot_answer_is_started_again(
     assert (value, marker.exists()) == (expected, False)
 
 
-async def test_a_kernel_slow_to_start_is_waited_for(jp_fetch, connect, tmp_path, monkeypatch):
+def assert_started_once(starts: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The kernel's process was started once, but for starts made again because another
+    process took one of its ports before it bound them (a race on a busy machine, which a
+    new start rightly answers)."""
+    again = [r.getMessage() for r in caplog.records if "starting it again" in r.getMessage()]
+    assert all(" is held by " in message for message in again), again
+    assert starts.read_text().splitlines() == ["started"] * (1 + len(again))
+
+
+async def test_a_kernel_slow_to_start_is_waited_for(
+    jp_fetch, connect, tmp_path, monkeypatch, caplog
+):
     """A kernel whose startup files take longer than the server waits for its first
     message listens on its ports meanwhile: the server hands it out, never starts it
     again (which would run the startup files again, and kill them midway)."""
@@ -661,11 +672,11 @@ async def test_a_kernel_slow_to_start_is_waited_for(jp_fetch, connect, tmp_path,
     monkeypatch.setattr("jupyter_ckpt_server.lifecycle.start.JOIN_TIMEOUT", 2.0)
     _, kernel_id = await start_session(jp_fetch, "slow.ipynb")
     assert await value_in(connect, kernel_id, "1 + 1") == "2"
-    assert starts.read_text().splitlines() == ["started"]
+    assert_started_once(starts, caplog)
 
 
 async def test_a_kernel_whose_launcher_is_slow_is_waited_for(
-    jp_fetch, connect, jp_data_dir, tmp_path, monkeypatch
+    jp_fetch, connect, jp_data_dir, tmp_path, monkeypatch, caplog
 ):
     """A kernelspec whose launcher takes a while before it starts ipykernel (a shell that
     prepares an environment): the process listens on nothing meanwhile, which is no
@@ -684,7 +695,7 @@ async def test_a_kernel_whose_launcher_is_slow_is_waited_for(
     )
     kernel_id = json.loads(response.body)["kernel"]["id"]
     assert await value_in(connect, kernel_id, "1 + 1") == "2"
-    assert starts.read_text().splitlines() == ["started"]
+    assert_started_once(starts, caplog)
 
 
 async def test_a_restarted_kernel_is_handed_out_once_its_new_process_is_heard(
