@@ -51,7 +51,7 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
     expect(row.locator("time")).to_have_attribute("title", re.compile(r"2\d\d\d"))  # exact time
     screenshot(page.locator(PANEL), "panel")
 
-    search = panel.get_by_role("searchbox", name="Filter saved sessions by notebook name")
+    search = panel.get_by_role("searchbox", name="Filter saved sessions")
     shown = entries(panel).count()
     search.fill("nothing-like")
     expect(row).to_have_count(0)
