@@ -9,7 +9,15 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from browser_helpers import confirm, entries, image_row, open_panel, toast, wait_until
+from browser_helpers import (
+    assert_contrast,
+    confirm,
+    entries,
+    image_row,
+    open_panel,
+    toast,
+    wait_until,
+)
 from browser_lab import STEADY_KERNEL, Lab
 from jupyter_client import BlockingKernelClient
 from playwright.sync_api import Locator, Page, expect
@@ -128,7 +136,13 @@ def test_context_menu_and_keys_act_on_a_row(clipboard_page: Page, lab: Lab) -> N
     expect(page.locator(".jp-Dialog tr[data-variable='alpha']")).to_be_visible()
     confirm(page, "Close")
 
-    # keys on the entry in focus: Delete asks as the button does; Enter resumes
+    # keys on the entry in focus: Shift+F10 opens its menu; Delete asks as the button
+    # does; Enter resumes
+    head.focus()
+    page.keyboard.press("Shift+F10")
+    expect(menu_item(page, "Copy Image ID")).to_be_visible()
+    page.keyboard.press("Escape")
+    expect(menu).to_have_count(0)
     head.focus()
     page.keyboard.press("Delete")
     expect(page.locator(".jp-Dialog-content")).to_contain_text(
@@ -159,6 +173,9 @@ def test_select_several_images_and_delete_them_at_once(page: Page, lab: Lab) -> 
     rows[a_ids[2]].locator(":scope > .jp-CkptRow-title").click()
     expect(selected(panel)).to_have_count(1)
     expect(status).to_have_text(re.compile(r"^1 image selected \([\d.]+ [KM]?B\)$"))
+    # readable on the selection's tint
+    assert_contrast(rows[a_ids[2]].locator(":scope > .jp-CkptRow-facts"))
+    assert_contrast(rows[a_ids[2]].locator(":scope > .jp-CkptRow-title .jp-CkptBadge"))
     # a3 (head of bulk-a) to a1 (its oldest): the rows between too, as shown
     rows[a_ids[0]].locator(":scope > .jp-CkptRow-facts").click(modifiers=["Shift"])
     expect(status).to_have_text(re.compile(r"^3 images selected"))
