@@ -19,6 +19,7 @@ from browser_helpers import (
     wait_until,
 )
 from browser_lab import STEADY_KERNEL, Lab
+from harness import read_only
 from jupyter_client import BlockingKernelClient
 from playwright.sync_api import Locator, Page, expect
 
@@ -38,10 +39,12 @@ def run_code(lab: Lab, kernel_id: str, code: str) -> None:
         client.stop_channels()
 
 
-def save_images(lab: Lab, name: str, steps: list[tuple[str, str]]) -> list[str]:
+def save_images(
+    lab: Lab, name: str, steps: list[tuple[str, str]], keep_kernel: bool = False
+) -> list[str]:
     """A notebook ``name`` whose kernel runs each step's code, then saves an image named
-    as the step says; the kernel is shut down after, so that every image is only saved.
-    The images' ids, oldest first."""
+    as the step says; the kernel is shut down after (unless ``keep_kernel``), so that
+    every image is only saved. The images' ids, oldest first."""
     lab.notebook(name, STEADY_KERNEL)
     session = lab.api(
         "POST",
@@ -55,7 +58,8 @@ def save_images(lab: Lab, name: str, steps: list[tuple[str, str]]) -> list[str]:
         ids.append(
             lab.api("POST", f"api/ckpt/kernels/{kernel_id}/checkpoint", {"name": image})["id"]
         )
-    lab.api("DELETE", f"api/sessions/{session['id']}")
+    if not keep_kernel:
+        lab.api("DELETE", f"api/sessions/{session['id']}")
     return ids
 
 
@@ -228,6 +232,60 @@ def test_select_several_images_and_delete_them_at_once(page: Page, lab: Lab) -> 
     confirm(page, "Delete 1 image")
     expect(entries(panel)).to_have_count(0)
     assert a_ids[2] not in {i["id"] for i in lab.api("GET", "api/ckpt/images")}
+
+
+def test_bulk_delete_keeps_what_a_kernel_needs_and_waits_for_the_store(
+    page: Page, lab: Lab
+) -> None:
+    older, newest = save_images(
+        lab, "keep.ipynb", [("k = 1", "keep-1"), ("k = 2", "keep-2")], keep_kernel=True
+    )
+    kernel_id = lab.kernel_of("keep.ipynb")
+    panel = open_lab(page, lab, "panel-list-keep")
+    panel.get_by_role("searchbox", name="Filter saved sessions").fill("keep.ipynb")
+    rows = {i: image_row(panel, i) for i in (older, newest)}
+    rows[newest].locator(":scope > .jp-CkptRow-title").click()
+    rows[older].locator(":scope > .jp-CkptRow-facts").click(modifiers=["Control"])
+    delete = panel.get_by_role("button", name="Delete selected")
+
+    # a store that cannot be written: no bulk delete, saying why, as for one image
+    with read_only(lab.root.parent / "store"):
+        run_code(lab, kernel_id, "k = 3")
+        try:
+            lab.api("POST", f"api/ckpt/kernels/{kernel_id}/checkpoint", {})
+            raise AssertionError("a checkpoint on a read-only store succeeded")
+        except AssertionError as exc:
+            assert ": 503 " in str(exc), exc
+        expect(panel.locator(".jp-CkptPanel-store")).to_be_visible(timeout=15_000)
+        expect(delete).to_have_attribute("aria-disabled", "true")
+        expect(delete).to_have_attribute("title", re.compile("no image can be deleted"))
+        rows[older].locator(":scope > .jp-CkptRow-facts").click(button="right")
+        expect(menu_item(page, "Delete 2 Selected Images")).to_have_class(
+            re.compile(r"\blm-mod-disabled\b")
+        )
+        expect(menu_item(page, "Delete Older Images of keep.ipynb")).to_have_class(
+            re.compile(r"\blm-mod-disabled\b")
+        )
+        page.keyboard.press("Escape")
+
+    # writable again, and the kernel suspended to its newest image: that one is kept
+    suspended = lab.api("POST", f"api/ckpt/kernels/{kernel_id}/suspend", {})["id"]
+    expect(panel.locator(".jp-CkptPanel-store")).to_have_count(0, timeout=15_000)
+    rows[suspended] = image_row(panel, suspended)
+    expect(rows[suspended].locator(".jp-CkptBadge.jp-mod-suspended").first).to_be_visible()
+    rows[suspended].locator(":scope > .jp-CkptRow-title").click()
+    # its older images are folded again under the new head
+    image_row(panel, older).locator(":scope > .jp-CkptRow-facts").click(modifiers=["Control"])
+    expect(delete).not_to_have_attribute("aria-disabled", "true")
+    delete.click()
+    expect(page.locator(".jp-Dialog-content")).to_contain_text(
+        "1 selected image is kept: a kernel needs it."
+    )
+    confirm(page, "Delete 1 image")
+    expect(toast(page, "Deleted 1 image")).to_be_visible()
+    images = {i["id"]: i["state"] for i in lab.api("GET", "api/ckpt/images")}
+    assert older not in images and images.get(suspended) == "suspended", images
+    lab.api("DELETE", f"api/kernels/{kernel_id}")
 
 
 def test_sort_is_remembered_and_the_filter_knows_variables_labels_triggers(
