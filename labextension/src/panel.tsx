@@ -258,7 +258,6 @@ export class SavedSessionsPanel extends ReactWidget {
               role="toolbar"
               aria-label={trans.__('Saved sessions')}
             >
-              <SortSelect view={this.view} trans={trans} />
               <ToolbarButtonComponent
                 icon={refreshIcon}
                 onClick={() => void model.refresh()}
@@ -266,17 +265,22 @@ export class SavedSessionsPanel extends ReactWidget {
               />
             </div>
           </div>
-          <input
-            className="jp-CkptPanel-search jp-mod-styled"
-            type="search"
-            placeholder={trans.__('Filter: name, var:x, label:y, trigger:idle')}
-            aria-label={trans.__('Filter saved sessions')}
-            title={trans.__(
-              'Words that must all match: plain text matches the notebook, the image name, a variable name or what wrote the image; var:, label:, trigger: and notebook: match only that'
-            )}
-            value={model.query}
-            onChange={event => (model.query = event.target.value)}
-          />
+          <div className="jp-CkptPanel-filter">
+            <input
+              className="jp-CkptPanel-search jp-mod-styled"
+              type="search"
+              placeholder={trans.__(
+                'Filter: name, var:x, label:y, trigger:idle'
+              )}
+              aria-label={trans.__('Filter saved sessions')}
+              title={trans.__(
+                'Words that must all match: plain text matches the notebook, the image name, a variable name or what wrote the image; var:, label:, trigger: and notebook: match only that'
+              )}
+              value={model.query}
+              onChange={event => (model.query = event.target.value)}
+            />
+            <SortSelect view={this.view} trans={trans} />
+          </div>
           {this._renderSelection()}
         </div>
         {this._renderStoreProblem()}

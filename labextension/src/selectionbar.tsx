@@ -70,12 +70,18 @@ export function SelectionBar({
             className="jp-CkptButton jp-mod-warn"
             onClick={() => !deleteBlocked && onDelete()}
             aria-disabled={deleteBlocked ? 'true' : undefined}
+            aria-label={trans.__('Delete selected images')}
             title={deleteBlocked ?? trans.__('Delete the images selected')}
           >
-            {trans.__('Delete selected')}
+            {trans.__('Delete')}
           </button>
-          <button className="jp-CkptButton" onClick={onClear}>
-            {trans.__('Clear selection')}
+          <button
+            className="jp-CkptButton"
+            onClick={onClear}
+            aria-label={trans.__('Clear selection')}
+            title={trans.__('Clear selection (Esc)')}
+          >
+            {trans.__('Clear')}
           </button>
         </>
       )}

@@ -18,7 +18,7 @@ from browser_helpers import (
     toast,
     wait_until,
 )
-from browser_lab import STEADY_KERNEL, Lab
+from browser_lab import OUTPUT, STEADY_KERNEL, Lab
 from harness import read_only
 from jupyter_client import BlockingKernelClient
 from playwright.sync_api import Locator, Page, expect
@@ -87,6 +87,19 @@ def selected(panel: Locator) -> Locator:
     return panel.locator(".jp-CkptRow.jp-mod-selected")
 
 
+def shot(page: Page, name: str, *parts: Locator) -> None:
+    """A screenshot of what ``parts`` cover together (the panel and a menu over it)."""
+    boxes = [box for part in parts if (box := part.bounding_box())]
+    left, top = min(b["x"] for b in boxes), min(b["y"] for b in boxes)
+    right = max(b["x"] + b["width"] for b in boxes)
+    bottom = max(b["y"] + b["height"] for b in boxes)
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page.screenshot(
+        path=OUTPUT / f"{name}.png",
+        clip={"x": left, "y": top, "width": right - left, "height": bottom - top},
+    )
+
+
 @pytest.fixture
 def clipboard_page(page: Page) -> Iterator[Page]:
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
@@ -115,6 +128,7 @@ def test_context_menu_and_keys_act_on_a_row(clipboard_page: Page, lab: Lab) -> N
         "Delete Images Older Than…",
     ):
         expect(menu_item(page, label)).to_have_count(1)
+    shot(page, "panel-context-menu", panel, menu)
     menu_item(page, "Copy Image ID").click()
     wait_until(lambda: page.evaluate("navigator.clipboard.readText()") == two, 30, "the id copied")
 
@@ -198,6 +212,7 @@ def test_select_several_images_and_delete_them_at_once(page: Page, lab: Lab) -> 
     rows[b_ids[1]].locator(":scope > .jp-CkptRow-title").click()
     rows[b_ids[0]].locator(":scope > .jp-CkptRow-facts").click(modifiers=["Control"])
     rows[b_ids[0]].locator(":scope > .jp-CkptRow-facts").click(button="right")
+    shot(page, "panel-selection", panel, page.locator(".lm-Menu"))
     menu_item(page, "Delete 2 Selected Images").click()
     expect(page.locator(".jp-Dialog-content")).to_contain_text(
         re.compile(r"Delete 2 images \([\d.]+ [KM]?B\) of bulk-b\.ipynb\?")
