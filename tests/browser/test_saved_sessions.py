@@ -65,7 +65,9 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
 
     # keyboard: the entry is one tab stop; arrows move among its buttons; Esc on the
     # Resume menu gives the keyboard back to the button that opened it
-    search.press("Tab")
+    search.press("Tab")  # the sort order beside it, then the list
+    expect(panel.get_by_role("combobox", name="Sort saved sessions")).to_be_focused()
+    page.keyboard.press("Tab")
     expect(row).to_be_focused()
     page.keyboard.press("ArrowRight")
     expect(row.get_by_role("button", name="Resume details.ipynb")).to_be_focused()
