@@ -45,14 +45,9 @@ export class BulkDelete {
     const trans = this._trans;
     const { remove, keep } = deletable(rows, whyNotDeletable);
     if (remove.length === 0) {
-      Notification.info(
-        trans._n(
-          'Nothing deleted: a kernel needs the image.',
-          'Nothing deleted: kernels need all %1 images.',
-          rows.length
-        ),
-        { autoClose: SUCCESS_MS }
-      );
+      Notification.info(trans.__('Nothing deleted. %1', this._keptText(keep)), {
+        autoClose: SUCCESS_MS
+      });
       return;
     }
     const size = formatBytes(remove.reduce((s, r) => s + imageBytes(r), 0));
@@ -142,27 +137,26 @@ export class BulkDelete {
     const trans = this._trans;
     const notebooks = new Set(remove.map(row => row.title)).size;
     const lines = [
-      trans._n(
-        'Delete %1 image (%2)',
-        'Delete %1 images (%2)',
-        remove.length,
-        size
-      ) +
-        (notebooks > 1
-          ? trans.__(' of %1 notebooks and consoles?', notebooks)
-          : trans.__(' of %1?', remove[0].title)),
+      notebooks > 1
+        ? trans.__(
+            'Delete %1 images (%2) of %3 saved sessions?',
+            remove.length,
+            size,
+            notebooks
+          )
+        : trans._n(
+            'Delete %1 image (%2) of %3?',
+            'Delete %1 images (%2) of %3?',
+            remove.length,
+            size,
+            remove[0].title
+          ),
       trans.__(
         'Their variables cannot be restored afterwards. Notebook files are not changed.'
       )
     ];
     if (keep.length) {
-      lines.push(
-        trans._n(
-          '%1 selected image is kept: a kernel needs it.',
-          '%1 selected images are kept: kernels need them.',
-          keep.length
-        )
-      );
+      lines.push(this._keptText(keep));
     }
     const result = await showDialog({
       title: trans._n(
@@ -179,6 +173,34 @@ export class BulkDelete {
       ]
     });
     return result.button.accept;
+  }
+
+  /** Why some of the images asked for are not deleted: a kernel needs them (as their
+   * own Delete says), or they cannot be verified (and have no Delete). */
+  private _keptText(keep: readonly ISessionRow[]): string {
+    const trans = this._trans;
+    const unverified = keep.filter(row => row.image.state === 'invalid').length;
+    const needed = keep.length - unverified;
+    const parts: string[] = [];
+    if (needed) {
+      parts.push(
+        trans._n(
+          '%1 image is kept: a kernel needs it.',
+          '%1 images are kept: kernels need them.',
+          needed
+        )
+      );
+    }
+    if (unverified) {
+      parts.push(
+        trans._n(
+          '%1 image that cannot be verified is kept.',
+          '%1 images that cannot be verified are kept.',
+          unverified
+        )
+      );
+    }
+    return parts.join(' ');
   }
 
   /** One notification for the whole delete: how many went, and why any did not. */

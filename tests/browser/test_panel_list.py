@@ -294,7 +294,7 @@ def test_bulk_delete_keeps_what_a_kernel_needs_and_waits_for_the_store(
     expect(delete).not_to_have_attribute("aria-disabled", "true")
     delete.click()
     expect(page.locator(".jp-Dialog-content")).to_contain_text(
-        "1 selected image is kept: a kernel needs it."
+        "1 image is kept: a kernel needs it."
     )
     confirm(page, "Delete 1 image")
     expect(toast(page, "Deleted 1 image")).to_be_visible()
