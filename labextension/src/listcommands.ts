@@ -74,8 +74,15 @@ export function addListCommands(
     (row && entryOf(row)?.older.filter(r => !whyNotDeletable(r))) ?? [];
 
   commands.addCommand(ListCommandIDs.open, {
-    label: args =>
-      rowOf(args)?.suspendedKernel ? trans.__('Open') : trans.__('Resume'),
+    // without a row (the keyboard shortcuts' list): what it is about, in full
+    label: args => {
+      const row = rowOf(args);
+      return !row
+        ? trans.__('Resume Saved Image')
+        : row.suspendedKernel
+          ? trans.__('Open')
+          : trans.__('Resume');
+    },
     caption: args =>
       rowOf(args)?.suspendedKernel
         ? trans.__('Open the notebook; running a cell restores its kernel')
@@ -89,7 +96,8 @@ export function addListCommands(
     }
   });
   commands.addCommand(ListCommandIDs.details, {
-    label: trans.__('Details'),
+    label: args =>
+      rowOf(args) ? trans.__('Details') : trans.__('Saved Image Details'),
     caption: trans.__(
       "The image's variables, and what changed since the one before"
     ),
@@ -149,7 +157,9 @@ export function addListCommands(
       const count = targets(rowOf(args)).length;
       return count > 1
         ? trans.__('Delete %1 Selected Images', count)
-        : trans.__('Delete');
+        : count
+          ? trans.__('Delete')
+          : trans.__('Delete Saved Image');
     },
     caption: args => {
       const chosen = targets(rowOf(args));
