@@ -29,6 +29,7 @@ import { Poll } from '@lumino/polling';
 
 import { CkptActions, DEFAULT_SETTINGS, ICkptSettings } from './actions';
 import { CkptApi } from './api';
+import { BulkDelete } from './bulk';
 import { relativeTime } from './format';
 import { ckptIcon } from './icon';
 import {
@@ -37,6 +38,7 @@ import {
   IBlocked,
   KernelStatusModel
 } from './kernelstatus';
+import { addListCommands, rememberSort } from './listcommands';
 import { SavedSessionsPanel } from './panel';
 import { RESUME_COMMANDS, resumeChoices, ResumeTarget } from './resume';
 import { rowActions, SavedSessionsModel } from './sessions';
@@ -111,6 +113,14 @@ function activate(
     trans
   );
   app.shell.add(panel, 'left', { rank: 700 });
+  addListCommands(
+    app,
+    panel,
+    actions,
+    new BulkDelete(api, sessions, trans, () => settings),
+    kernels,
+    trans
+  );
   // open after a reload when it was open before
   restorer?.add(panel, panel.id);
   // A cell may have saved an image (`%ckpt save`), which no server event reports: a
@@ -132,6 +142,7 @@ function activate(
         };
         read();
         loaded.changed.connect(read);
+        return rememberSort(panel, loaded);
       })
       .catch(reason =>
         console.warn(

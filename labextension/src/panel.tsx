@@ -22,6 +22,7 @@ import {
   TriggerFact
 } from './badges';
 import { KernelStatusModel, waitingText } from './kernelstatus';
+import { imageBytes, ListCommandIDs, ListView, sortEntries } from './listview';
 import { RESUME_COMMANDS, ResumeTarget } from './resume';
 import {
   changeSince,
@@ -34,6 +35,7 @@ import {
   rowActions,
   SavedSessionsModel
 } from './sessions';
+import { SelectionBar, sortLabels, SortSelect } from './selectionbar';
 
 export interface IRowActions {
   resume(row: ISessionRow, target?: ResumeTarget): Promise<void>;
@@ -59,11 +61,13 @@ export class SavedSessionsPanel extends ReactWidget {
     readonly model: SavedSessionsModel,
     private readonly _kernels: KernelStatusModel,
     private readonly _actions: IRowActions,
-    commands: ConstructorParameters<typeof MenuSvg>[0]['commands'],
+    private readonly _commands: ConstructorParameters<
+      typeof MenuSvg
+    >[0]['commands'],
     private readonly _trans: TranslationBundle
   ) {
     super();
-    this._resumeMenu = new MenuSvg({ commands });
+    this._resumeMenu = new MenuSvg({ commands: _commands });
     this._resumeMenu.addClass('jp-CkptResumeMenu');
     // Esc, or a click elsewhere, closes the menu: the keyboard goes back to its button
     // rather than to the page's body
@@ -77,7 +81,11 @@ export class SavedSessionsPanel extends ReactWidget {
     this.node.tabIndex = -1;
     model.changed.connect(this._onModelChanged, this);
     _kernels.changed.connect(this.update, this);
+    this.view.changed.connect(this.update, this);
   }
+
+  /** The list's sort order and the images selected in it. */
+  readonly view = new ListView();
 
   /** The row whose image the Resume menu, or the row's context menu, is about. */
   rowOf(imageId: string): ISessionRow | undefined {
@@ -185,7 +193,42 @@ export class SavedSessionsPanel extends ReactWidget {
     // set at once, not at the next render: assistive technology (and tests) can tell
     // whether the list shown is being reloaded
     this.node.setAttribute('aria-busy', String(this.model.busy));
+    this.view.selection.retain(
+      new Set(this.model.allRows.map(row => row.image.id))
+    );
     this.update();
+  }
+
+  /** A click on a row, not on its controls, selects it (Ctrl/Cmd: adds or removes it;
+   * Shift: the rows from the last one clicked), as in the File Browser. */
+  private _onListClick(event: React.MouseEvent<HTMLUListElement>): void {
+    const target = event.target as HTMLElement;
+    const id = target.closest<HTMLElement>('[data-image-id]')?.dataset.imageId;
+    if (!id || target.closest('button, summary, a, input, select')) {
+      return;
+    }
+    // the rows as shown, folded ones left out: the range a Shift+click spans
+    const order = Array.from(
+      event.currentTarget.querySelectorAll<HTMLElement>('[data-image-id]')
+    )
+      .filter(row => row.getClientRects().length > 0)
+      .map(row => row.dataset.imageId!);
+    this.view.selection.click(
+      id,
+      { toggle: event.ctrlKey || event.metaKey, extend: event.shiftKey },
+      order
+    );
+  }
+
+  /** The context menu acts on the selection when it is opened on a selected row,
+   * else on that row alone, which it selects. */
+  private _onListContextMenu(event: React.MouseEvent<HTMLUListElement>): void {
+    const id = (event.target as HTMLElement).closest<HTMLElement>(
+      '[data-image-id]'
+    )?.dataset.imageId;
+    if (id && !this.view.selection.has(id)) {
+      this.view.selection.click(id, {}, []);
+    }
   }
 
   protected onAfterShow(): void {
@@ -196,7 +239,7 @@ export class SavedSessionsPanel extends ReactWidget {
   render(): JSX.Element {
     const model = this.model;
     const trans = this._trans;
-    const entries = model.entries;
+    const entries = sortEntries(model.entries, this.view.sortBy);
     const keys = entries.map(entry => entry.latest.image.id);
     // the entry that holds the list's tab stop: the one last in focus, else the first
     const focusKey =
@@ -222,23 +265,38 @@ export class SavedSessionsPanel extends ReactWidget {
               />
             </div>
           </div>
-          <input
-            className="jp-CkptPanel-search jp-mod-styled"
-            type="search"
-            placeholder={trans.__('Filter by notebook name')}
-            aria-label={trans.__('Filter saved sessions by notebook name')}
-            value={model.query}
-            onChange={event => (model.query = event.target.value)}
-          />
+          <div className="jp-CkptPanel-filter">
+            <input
+              className="jp-CkptPanel-search jp-mod-styled"
+              type="search"
+              placeholder={trans.__(
+                'Filter: name, var:x, label:y, trigger:idle'
+              )}
+              aria-label={trans.__('Filter saved sessions')}
+              title={trans.__(
+                'Words that must all match: plain text matches the notebook, the image name, a variable name or what wrote the image; var:, label:, trigger: and notebook: match only that'
+              )}
+              value={model.query}
+              onChange={event => (model.query = event.target.value)}
+            />
+            <SortSelect view={this.view} trans={trans} />
+          </div>
+          {this._renderSelection()}
         </div>
         {this._renderStoreProblem()}
         {this._renderState()}
         {entries.length > 0 && (
           <ul
             className="jp-CkptPanel-list"
-            aria-label={trans.__('Saved sessions, newest first')}
+            aria-label={trans.__(
+              'Saved sessions, %1',
+              sortLabels(trans)[this.view.sortBy].toLowerCase()
+            )}
             onKeyDown={event => this._onListKey(event)}
             onFocus={event => this._onListFocus(event)}
+            onClick={event => this._onListClick(event)}
+            onContextMenu={event => this._onListContextMenu(event)}
+            onMouseDown={event => event.shiftKey && event.preventDefault()}
           >
             {entries.map(entry =>
               this._renderRow(entry.latest, {
@@ -251,6 +309,29 @@ export class SavedSessionsPanel extends ReactWidget {
           </ul>
         )}
       </>
+    );
+  }
+
+  /** How many images are selected, and Delete and Clear for them. */
+  private _renderSelection(): JSX.Element {
+    const selection = this.view.selection;
+    const rows = this.model.allRows.filter(row => selection.has(row.image.id));
+    const args = { imageId: rows[0]?.image.id ?? '' };
+    const remove = ListCommandIDs.remove;
+    const commands = this._commands;
+    return (
+      <SelectionBar
+        count={rows.length}
+        bytes={rows.reduce((sum, row) => sum + imageBytes(row), 0)}
+        deleteBlocked={
+          rows.length && !commands.isEnabled(remove, args)
+            ? commands.caption(remove, args)
+            : null
+        }
+        onDelete={() => void commands.execute(remove, args)}
+        onClear={() => selection.clear()}
+        trans={this._trans}
+      />
     );
   }
 
@@ -350,7 +431,7 @@ export class SavedSessionsPanel extends ReactWidget {
       return (
         <li
           key={image.id}
-          className="jp-CkptRow jp-mod-invalid"
+          className={`jp-CkptRow jp-mod-invalid${this._selectedClass(image.id)}`}
           data-image-id={image.id}
           aria-labelledby={titleId}
           {...entryProps}
@@ -418,7 +499,7 @@ export class SavedSessionsPanel extends ReactWidget {
     return (
       <li
         key={image.id}
-        className="jp-CkptRow"
+        className={`jp-CkptRow${this._selectedClass(image.id)}`}
         data-image-id={image.id}
         aria-labelledby={titleId}
         aria-busy={this.model.isActing(image.id) ? 'true' : undefined}
@@ -499,6 +580,10 @@ export class SavedSessionsPanel extends ReactWidget {
         )}
       </li>
     );
+  }
+
+  private _selectedClass(imageId: string): string {
+    return this.view.selection.has(imageId) ? ' jp-mod-selected' : '';
   }
 
   /** What an entry is now: its kernel suspended, running, or only images saved. */

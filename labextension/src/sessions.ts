@@ -3,6 +3,7 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { baseName, formatBytes, shortenIds, shortId } from './format';
+import { matchesFilter, parseFilter } from './listfilter';
 import { ICkptApi, IImage, IVariable } from './types';
 
 export interface ISessionRow {
@@ -275,15 +276,22 @@ export function groupRows(rows: ISessionRow[]): ISessionEntry[] {
   });
 }
 
-/** Rows whose notebook path or image name contains `query`, ignoring case. */
+/** Rows that match the filter box's `query` (see `parseFilter`): by their notebook's
+ * path or title, the image's name, its variables' names, or what wrote it. */
 export function filterRows(rows: ISessionRow[], query: string): ISessionRow[] {
-  const needle = query.trim().toLowerCase();
-  if (!needle) {
+  const terms = parseFilter(query);
+  if (!terms.length) {
     return rows;
   }
-  return rows.filter(row =>
-    [row.notebook, row.image.name, row.title].some(text =>
-      text?.toLowerCase().includes(needle)
+  return rows.filter(({ notebook, title, image }) =>
+    matchesFilter(
+      {
+        notebook: [notebook, title],
+        label: [image.name],
+        var: image.variable_names ?? [],
+        trigger: [image.trigger]
+      },
+      terms
     )
   );
 }

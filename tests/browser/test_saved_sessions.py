@@ -51,7 +51,7 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
     expect(row.locator("time")).to_have_attribute("title", re.compile(r"2\d\d\d"))  # exact time
     screenshot(page.locator(PANEL), "panel")
 
-    search = panel.get_by_role("searchbox", name="Filter saved sessions by notebook name")
+    search = panel.get_by_role("searchbox", name="Filter saved sessions")
     shown = entries(panel).count()
     search.fill("nothing-like")
     expect(row).to_have_count(0)
@@ -65,7 +65,9 @@ def test_panel_lists_an_image_shows_details_and_deletes_it(page: Page, lab: Lab)
 
     # keyboard: the entry is one tab stop; arrows move among its buttons; Esc on the
     # Resume menu gives the keyboard back to the button that opened it
-    search.press("Tab")
+    search.press("Tab")  # the sort order beside it, then the list
+    expect(panel.get_by_role("combobox", name="Sort saved sessions")).to_be_focused()
+    page.keyboard.press("Tab")
     expect(row).to_be_focused()
     page.keyboard.press("ArrowRight")
     expect(row.get_by_role("button", name="Resume details.ipynb")).to_be_focused()
