@@ -85,6 +85,15 @@ class Kernels:
         lc = self.kernels.get(kernel_id)
         return None if lc is None else lc.state
 
+    def new_lifecycle(
+        self, kernel_id: str, state: State, record: dict[str, Any] | None = None
+    ) -> KernelLifecycle:
+        """A kernel the owner keeps from now on, whose every change of state its clients
+        hear of (a ``state`` event)."""
+        lc = KernelLifecycle(kernel_id, state, record=record, on_state=self.events.state)
+        self.events.state(lc)
+        return lc
+
     def in_state(self, *states: State) -> list[KernelLifecycle]:
         return [lc for lc in list(self.kernels.values()) if lc.state in states]
 
