@@ -42,6 +42,7 @@ import { RESUME_COMMANDS, resumeChoices, ResumeTarget } from './resume';
 import { rowActions, SavedSessionsModel } from './sessions';
 import { KernelStatusItem } from './statusitem';
 import { followEvents } from './liveevents';
+import { markRunningKernels } from './runningmark';
 
 namespace CommandIDs {
   export const checkpoint = 'jupyter-ckpt:checkpoint';
@@ -394,6 +395,21 @@ function activate(
   tracker.widgetAdded.connect((_, notebook) => {
     notebook.sessionContext.kernelChanged.connect(markSuspended);
     void notebook.revealed.then(markSuspended);
+  });
+
+  // JupyterLab's Running panel lists a suspended kernel as any other: marked there
+  void app.restored.then(() => {
+    const running = document.getElementById('jp-running-sessions');
+    if (running) {
+      markRunningKernels(
+        running,
+        kernels,
+        trans.__('Suspended'),
+        trans.__(
+          'Kernel suspended: its variables are saved and it holds no memory. Running a cell restores it.'
+        )
+      );
+    }
   });
 
   if (statusBar) {

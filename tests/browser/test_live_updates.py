@@ -6,10 +6,20 @@ call a kernel busy right after the cell that restored it."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
-from browser_helpers import PANEL, STATUS, SUSPENDED, entries, open_notebook, open_panel, run_cell
+from browser_helpers import (
+    PANEL,
+    STATUS,
+    SUSPENDED,
+    entries,
+    open_notebook,
+    open_panel,
+    run_cell,
+    screenshot,
+)
 from browser_lab import OUTPUT, STEADY_KERNEL, Lab
 from deadlines import scaled
 from harness import read_only
@@ -141,3 +151,26 @@ def refused(lab: Lab, path: str) -> None:
         assert ": 503 " in str(exc), exc
         return
     raise AssertionError(f"POST {path} succeeded on a read-only store")
+
+
+def test_the_running_panel_marks_a_suspended_kernel(page: Page, lab: Lab) -> None:
+    notebook = lab.notebook("marked.ipynb", STEADY_KERNEL)
+    open_notebook(page, lab, notebook)
+    kernel_id = lab.kernel_of(notebook)
+    run_cell(page, "m = 1")
+    tab = page.locator(".jp-SideBar [data-id='jp-running-sessions']")
+    tab.click()
+    item = page.locator(f".jp-RunningSessions-item.jp-mod-kernel[data-context='{kernel_id}']")
+    expect(item).to_be_visible()
+    expect(item).not_to_have_attribute("data-ckpt-state", "suspended")
+
+    lab.api("POST", f"api/ckpt/kernels/{kernel_id}/suspend", {})
+    expect(item).to_have_attribute("data-ckpt-state", "suspended", timeout=LIVE)
+    expect(item).to_have_attribute("aria-description", re.compile(r"^Kernel suspended"))
+    label = item.locator(":scope > .jp-RunningSessions-itemLabel")
+    expect(label).to_have_attribute("data-ckpt-mark", "Suspended")
+    assert label.evaluate("n => getComputedStyle(n, '::before').content") == '"Suspended"'
+    screenshot(page.locator("#jp-running-sessions"), "running-panel-suspended")
+
+    run_cell(page, "m + 1")  # restores it: the mark goes
+    expect(item).not_to_have_attribute("data-ckpt-state", "suspended", timeout=LIVE)
