@@ -5,13 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .rpc import StoreFailed
 from .storehealth import StoreHealth
-
-if TYPE_CHECKING:
-    from .lifecycle import KernelLifecycle
 
 
 def now_iso() -> str:
@@ -81,19 +78,18 @@ class Events:
         if self.emit is not None:
             self.emit(data)
 
-    def state(self, lc: KernelLifecycle) -> None:
-        """The kernel's state changed: a ``state`` event if its clients see it change
-        (autosaving is running to them)."""
-        shown = lc.shown_state
-        if self._shown.get(lc.kernel_id) == shown:
+    def state(self, kernel_id: str, shown: str) -> None:
+        """A kernel's state changed to what its clients see as ``shown``: a ``state``
+        event if that changed (autosaving is running to them)."""
+        if self._shown.get(kernel_id) == shown:
             return
         if shown == "gone":
-            self._shown.pop(lc.kernel_id, None)
+            self._shown.pop(kernel_id, None)
         else:
-            self._shown[lc.kernel_id] = shown
+            self._shown[kernel_id] = shown
         if self.emit is not None:
             self.emit(
-                {"action": "state", "status": "success", "kernel_id": lc.kernel_id, "state": shown}
+                {"action": "state", "status": "success", "kernel_id": kernel_id, "state": shown}
             )
 
     def store(self, health: StoreHealth) -> None:

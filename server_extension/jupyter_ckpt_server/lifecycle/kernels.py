@@ -90,8 +90,12 @@ class Kernels:
     ) -> KernelLifecycle:
         """A kernel the owner keeps from now on, whose every change of state its clients
         hear of (a ``state`` event)."""
-        lc = KernelLifecycle(kernel_id, state, record=record, on_state=self.events.state)
-        self.events.state(lc)
+
+        def told(lc: KernelLifecycle) -> None:
+            self.events.state(lc.kernel_id, lc.shown_state)
+
+        lc = KernelLifecycle(kernel_id, state, record=record, on_state=told)
+        told(lc)
         return lc
 
     def in_state(self, *states: State) -> list[KernelLifecycle]:
