@@ -20,7 +20,7 @@ import {
   NotebookActions,
   NotebookPanel
 } from '@jupyterlab/notebook';
-import { Contents, Event } from '@jupyterlab/services';
+import { Contents } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { ITranslator, nullTranslator } from '@jupyterlab/translation';
@@ -43,7 +43,8 @@ import { SavedSessionsPanel } from './panel';
 import { RESUME_COMMANDS, resumeChoices, ResumeTarget } from './resume';
 import { rowActions, SavedSessionsModel } from './sessions';
 import { KernelStatusItem } from './statusitem';
-import { EVENT_SCHEMA, ICkptEvent } from './types';
+import { followEvents } from './liveevents';
+import { markRunningKernels } from './runningmark';
 
 namespace CommandIDs {
   export const checkpoint = 'jupyter-ckpt:checkpoint';
@@ -55,9 +56,11 @@ namespace CommandIDs {
 /** Where JupyterLab's palette lists the commands: beside its own kernel commands. */
 const CATEGORY = 'Kernel Operations';
 
-/** A safety net for changes no event reports (a `%ckpt save` in a console or another
- * client). The REST routes it polls do not count as activity, so the server can still
- * go idle. */
+/** A safety net for what no event reports (a `%ckpt save` in a console or another
+ * client, which writes to the store itself) and for events missed while the events
+ * socket was down (JupyterLab reconnects it, but what was sent meanwhile is lost).
+ * Everything else arrives as a server event within a moment (liveevents.ts). The REST
+ * routes it polls do not count as activity, so the server can still go idle. */
 const POLL_INTERVAL_MS = 60 * 1000;
 
 function activate(
@@ -75,9 +78,13 @@ function activate(
   const trans = (translator ?? nullTranslator).load('jupyter_ckpt');
   const api = new CkptApi(app.serviceManager.serverSettings);
   const manager = app.serviceManager;
-  // the live sessions' kernels: the notebook each runs for, the console each is
+  const kernels = new KernelStatusModel(api);
+  // the live sessions' kernels: the notebook each runs for, the console each is (not
+  // those the server said were shut down, which this page's lists may still hold)
   const live = () => {
-    const running = [...manager.sessions.running()].filter(s => s.kernel);
+    const running = [...manager.sessions.running()].filter(
+      s => s.kernel && !kernels.isGone(s.kernel.id)
+    );
     const of = (type: string, value: (s: (typeof running)[0]) => string) =>
       new Map(
         running
@@ -94,7 +101,6 @@ function activate(
     live,
     PageConfig.getOption('serverRoot')
   );
-  const kernels = new KernelStatusModel(api);
   let settings: ICkptSettings = DEFAULT_SETTINGS;
   const actions = new CkptActions(
     app,
@@ -152,7 +158,8 @@ function activate(
       );
   }
 
-  const poll = new Poll({
+  // the safety net (see POLL_INTERVAL_MS): it lives as long as the page
+  new Poll({
     factory: () => Promise.all([sessions.refresh(), kernels.refresh()]),
     frequency: {
       interval: POLL_INTERVAL_MS,
@@ -196,20 +203,18 @@ function activate(
       }
     }
   );
-  app.serviceManager.events.stream.connect((_, event: Event.Emission) => {
-    if (event.schema_id !== EVENT_SCHEMA) {
-      return;
-    }
-    const ckptEvent = event as unknown as ICkptEvent;
-    kernels.noteEvent(ckptEvent);
-    if (ckptEvent.action === 'progress') {
-      return; // a few a second while an image moves: nothing to reload yet
-    }
-    void poll.refresh();
-    const notice = eventNotice(ckptEvent);
-    if (notice) {
-      Notification.error(notice, { autoClose: false });
-    }
+  followEvents(manager.events.stream, {
+    kernels,
+    sessions,
+    knowsKernel: id => [...manager.kernels.running()].some(k => k.id === id),
+    refreshRunning: async () => {
+      await Promise.all([
+        manager.sessions.refreshRunning(),
+        manager.kernels.refreshRunning()
+      ]);
+    },
+    notify: notice => Notification.error(notice, { autoClose: false }),
+    noticeOf: eventNotice
   });
 
   // The widget in front, notebook or console, as JupyterLab's own kernel commands
@@ -401,6 +406,21 @@ function activate(
   tracker.widgetAdded.connect((_, notebook) => {
     notebook.sessionContext.kernelChanged.connect(markSuspended);
     void notebook.revealed.then(markSuspended);
+  });
+
+  // JupyterLab's Running panel lists a suspended kernel as any other: marked there
+  void app.restored.then(() => {
+    const running = document.getElementById('jp-running-sessions');
+    if (running) {
+      markRunningKernels(
+        running,
+        kernels,
+        trans.__('Suspended'),
+        trans.__(
+          'Kernel suspended: its variables are saved and it holds no memory. Running a cell restores it.'
+        )
+      );
+    }
   });
 
   if (statusBar) {

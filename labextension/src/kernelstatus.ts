@@ -3,7 +3,9 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { exactTime, formatBytes, formatDuration, relativeTime } from './format';
+import { Refresher } from './refresher';
 import {
+  CkptState,
   ICkptApi,
   ICkptEvent,
   IGpuDemand,
@@ -26,17 +28,26 @@ export interface IStatusText {
   title: string;
 }
 
+/** What the server says while a kernel works on a request: not a reason it is never
+ * suspended (its idle clock starts when the work ends). */
+const WORKING = /^the kernel is (busy|starting)$/;
+
 /**
  * Describe one kernel. `fetchedAt` is when `status` was fetched and `now` the current
  * time (ms), so the countdown runs between fetches; `restoringSince` is when a message
- * that restores the kernel was sent, if one was.
+ * that restores the kernel was sent, if one was. `clientSees`: this page's own
+ * connection follows the kernel's activity (JupyterLab shows it busy or idle beside):
+ * the server's "the kernel is busy", read on a socket of its own that lags it (right
+ * after the cell that restored the kernel, say), is then left out. A cell that runs is
+ * no reason the kernel is not suspended: its idle clock starts when the cell ends.
  */
 export function describeKernel(
   status: IKernelStatus,
   fetchedAt: number,
   now: number,
   restoringSince?: number,
-  progress?: IProgress
+  progress?: IProgress,
+  clientSees = false
 ): IStatusText {
   // waiting for GPU memory comes first: a restore that waits has not started yet
   if (status.gpu_demand) {
@@ -106,7 +117,9 @@ export function describeKernel(
   const failure =
     status.last_failure?.action === 'suspend' ? status.last_failure : null;
   const lost = Object.entries(failure?.lost ?? {});
-  const blockers = failure ? [failure.reason] : (status.blocked_by ?? []);
+  const blockers = failure
+    ? [failure.reason]
+    : (status.blocked_by ?? []).filter(b => !(clientSees && WORKING.test(b)));
   if (blockers.length > 0) {
     const first = lost.length
       ? unsaveableText(lost[0][0], lost[0][1])
@@ -270,9 +283,11 @@ export function wakesKernel(
 /** The status bar's short text when the server cannot use its store (unreachable, read-only, full), or null. */
 export function storeProblem(reply: IStatusReply): string | null {
   const store = reply.store;
-  return store && !store.ok
-    ? `Store unavailable: ${store.error ?? 'no answer'}`
-    : null;
+  return store && !store.ok ? unavailable(store.error) : null;
+}
+
+function unavailable(reason: string | null | undefined): string {
+  return `Store unavailable: ${reason ?? 'no answer'}`;
 }
 
 /** The server's view of every kernel, refreshed on demand (events, kernel activity). */
@@ -301,6 +316,46 @@ export class KernelStatusModel {
     return this._kernels.get(kernelId)?.state === 'suspended';
   }
 
+  /** Whether the server said the kernel was shut down (a state event), which this
+   * page's session and kernel lists may not know yet. */
+  isGone(kernelId: string): boolean {
+    return this._gone.has(kernelId);
+  }
+
+  /** Follow a state event: the kernel's state, as the server says now, shown at once;
+   * the rest of its status comes with the next refresh. A reply asked for before the
+   * event does not bring the old state back. */
+  noteState(kernelId: string, state: CkptState | 'gone', now: number): void {
+    this._noted.set(kernelId, now);
+    this._restoring.delete(kernelId);
+    if (state === 'gone') {
+      this._gone.add(kernelId);
+      this._kernels.delete(kernelId);
+      this._fetchedAt.delete(kernelId);
+      this._progress.delete(kernelId);
+    } else {
+      this._gone.delete(kernelId);
+      const known = this._kernels.get(kernelId);
+      // a suspended or restoring kernel runs nothing: its blockers and countdown went
+      // with its process
+      this._kernels.set(
+        kernelId,
+        known && state === 'running'
+          ? { ...known, state }
+          : { kernel_id: kernelId, kernel_name: known?.kernel_name, state }
+      );
+      this._fetchedAt.set(kernelId, now);
+    }
+    this._changed.emit();
+  }
+
+  /** Follow a store event: whether the store can be used, and why not, at once. */
+  noteStore(ok: boolean, reason: string | undefined, now: number): void {
+    this._storeNotedAt = now;
+    this._storeProblem = ok ? null : unavailable(reason);
+    this._changed.emit();
+  }
+
   /** Forget the kernels that are gone (shut down), without asking the server: its
    * status route checks every kernel it lists, which a kernel just starting must not
    * get while its first connection is made. */
@@ -327,7 +382,12 @@ export class KernelStatusModel {
     }
   }
 
-  describe(kernelId: string, now: number): IStatusText | null {
+  /** What to show for the kernel; `clientSees`: see `describeKernel`. */
+  describe(
+    kernelId: string,
+    now: number,
+    clientSees = false
+  ): IStatusText | null {
     const status = this._kernels.get(kernelId);
     return status
       ? describeKernel(
@@ -335,7 +395,8 @@ export class KernelStatusModel {
           this._fetchedAt.get(kernelId) ?? now,
           now,
           this._restoring.get(kernelId),
-          this._progress.get(kernelId)
+          this._progress.get(kernelId),
+          clientSees
         )
       : null;
   }
@@ -369,12 +430,12 @@ export class KernelStatusModel {
    * share one request. Rejects when it fails. */
   refresh(kernelId?: string): Promise<void> {
     const key = kernelId ?? '';
-    let pending = this._pending.get(key);
-    if (!pending) {
-      pending = this._load(kernelId).finally(() => this._pending.delete(key));
-      this._pending.set(key, pending);
+    let loads = this._loads.get(key);
+    if (!loads) {
+      loads = new Refresher(() => this._load(kernelId));
+      this._loads.set(key, loads);
     }
-    return pending;
+    return loads.run();
   }
 
   private async _load(kernelId?: string): Promise<void> {
@@ -384,14 +445,25 @@ export class KernelStatusModel {
       const fetchedAt = Date.now();
       const ids =
         kernelId === undefined ? [...this._kernels.keys()] : [kernelId];
-      for (const id of ids) {
+      // what a state event said after the request was made is newer than the reply
+      const newer = (id: string) => (this._noted.get(id) ?? -Infinity) >= asked;
+      for (const id of ids.filter(id => !newer(id))) {
         this._kernels.delete(id);
         this._fetchedAt.delete(id);
       }
-      this._storeProblem = storeProblem(reply);
+      if (this._storeNotedAt < asked) {
+        this._storeProblem = storeProblem(reply);
+      }
       for (const kernel of reply.kernels) {
-        this._kernels.set(kernel.kernel_id, kernel);
-        this._fetchedAt.set(kernel.kernel_id, fetchedAt);
+        const id = kernel.kernel_id;
+        if (newer(id)) {
+          const state = this._kernels.get(id)?.state;
+          if (state === undefined || state !== kernel.state) {
+            continue; // gone, or moved on since
+          }
+        }
+        this._kernels.set(id, kernel);
+        this._fetchedAt.set(id, fetchedAt);
       }
       // The server's state wins: a restore is over once it sees the kernel running, and
       // none is under way if it still says suspended when asked after the message.
@@ -434,7 +506,11 @@ export class KernelStatusModel {
   private _progress = new Map<string, IProgress>();
   private _fetchedAt = new Map<string, number>();
   private _available = false;
-  private _pending = new Map<string, Promise<void>>();
+  private _loads = new Map<string, Refresher>();
+  // kernel id -> when its last state event came; when the last store event came
+  private _noted = new Map<string, number>();
+  private _storeNotedAt = -Infinity;
+  private _gone = new Set<string>();
 }
 
 /**

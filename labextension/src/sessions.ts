@@ -4,6 +4,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { baseName, formatBytes, shortenIds, shortId } from './format';
 import { matchesFilter, parseFilter } from './listfilter';
+import { Refresher } from './refresher';
 import { ICkptApi, IImage, IVariable } from './types';
 
 export interface ISessionRow {
@@ -411,22 +412,17 @@ export class SavedSessionsModel {
     }
   }
 
-  /** Load the list; concurrent calls share one request. A failed refresh keeps the rows
-   * that were shown and says why. */
+  /** Load the list; a call while a load runs gets the next one (see `Refresher`). A
+   * failed refresh keeps the rows that were shown and says why. */
   refresh(): Promise<void> {
-    if (!this._pending) {
-      this._pending = this._load().finally(() => {
-        this._pending = null;
-        this._changed.emit();
-      });
-      this._changed.emit();
-    }
-    return this._pending;
+    const done = this._loads.run().finally(() => this._changed.emit());
+    this._changed.emit();
+    return done;
   }
 
   /** Whether a refresh is in flight. */
   get busy(): boolean {
-    return this._pending !== null;
+    return this._loads.busy;
   }
 
   private async _load(): Promise<void> {
@@ -471,7 +467,7 @@ export class SavedSessionsModel {
   private _query = '';
   private _rows: ISessionRow[] = [];
   private _notes = new Map<string, { message: string; cause: string }>();
-  private _pending: Promise<void> | null = null;
+  private _loads = new Refresher(() => this._load());
 }
 
 /** The name an image gets when none is given (the kernel side's `_default_name`): the

@@ -53,8 +53,13 @@ export class KernelStatusItem extends ReactWidget {
   }
 
   render(): JSX.Element | null {
-    const status = this._kernel
-      ? this._model.describe(this._kernel.id, Date.now())
+    const kernel = this._kernel;
+    const status = kernel
+      ? this._model.describe(
+          kernel.id,
+          Date.now(),
+          kernel.status === 'idle' || kernel.status === 'busy'
+        )
       : null;
     if (!status) {
       return null;

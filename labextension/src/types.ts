@@ -77,7 +77,8 @@ export interface IImageDetails extends IImage {
   variables: IVariable[];
 }
 
-export type CkptState = 'running' | 'suspending' | 'suspended' | 'restoring';
+export type CkptState =
+  'running' | 'suspending' | 'suspended' | 'restoring' | 'restore-failed';
 
 /** A kernel's wait for GPU memory (GPU demand): `message` is "Waiting for a GPU: 2
  * ahead of you"; `source` is what asked (a kernel spec, a restore, the kernel). */
@@ -157,8 +158,15 @@ export interface IWriteReply {
 export interface ICkptEvent {
   schema_id: string;
   action:
-    'checkpoint' | 'suspend' | 'restore' | 'resume' | 'delete' | 'progress';
-  status: 'success' | 'error' | 'running';
+    | 'checkpoint'
+    | 'suspend'
+    | 'restore'
+    | 'resume'
+    | 'delete'
+    | 'progress'
+    | 'state'
+    | 'store';
+  status: 'success' | 'error' | 'running' | 'skipped';
   kernel_id?: string;
   image_id?: string;
   msg?: string;
@@ -166,6 +174,8 @@ export interface ICkptEvent {
   phase?: 'checkpoint' | 'suspend' | 'restore' | 'resume';
   bytes_done?: number;
   bytes_total?: number;
+  /** State events: the kernel's state from now on; gone: shut down. */
+  state?: CkptState | 'gone';
 }
 
 /** How far a kernel's image is written or read, from its latest progress event. */

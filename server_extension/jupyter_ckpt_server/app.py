@@ -155,7 +155,9 @@ class CkptExtensionApp(ExtensionApp):
         loaded = serverapp.web_app.settings[startup.SETTING] = asyncio.Event()
         # a restore checks compatibility first: its slow part is done now, off its path
         self._prepared = asyncio.ensure_future(asyncio.to_thread(compat.prepare))
-        health = self.store_health = StoreHealth(self.manager.store.backend.url, self.log)
+        health = self.store_health = StoreHealth(
+            self.manager.store.backend.url, self.log, on_change=self.manager.events.store
+        )
         self.service.store_health = self.manager.events.store_health = health
         try:
             # A store that is down must not stop the rest: the records come when it is back.

@@ -17,7 +17,13 @@ def now_iso() -> str:
 
 class Events:
     """Emits one event per action (DESIGN section 5) and keeps each kernel's last failure,
-    which the status shows until a later attempt succeeds or its cause is gone."""
+    which the status shows until a later attempt succeeds or its cause is gone.
+
+    Besides the actions, a ``state`` event for each change of a kernel's state as its
+    clients see it (running, suspending, suspended, restoring, restore-failed, gone) and
+    a ``store`` event for each change of the store's health: every open JupyterLab
+    follows them at once, with no poll (see docs/panel.md).
+    """
 
     def __init__(self, emit: Callable[[dict[str, Any]], None] | None, log: Any) -> None:
         self.emit = emit
@@ -27,6 +33,8 @@ class Events:
         # told whether the store took each save (set once the server runs: the store's
         # health in the status): a store that refuses writes is not "ok" while it reads
         self.store_health: StoreHealth | None = None
+        # kernel id -> the state its last state event said: one event per change seen
+        self._shown: dict[str, str] = {}
 
     def failure(
         self, action: str, kernel_id: str, trigger: str, exc: BaseException, started: float
@@ -69,3 +77,26 @@ class Events:
             data["missing"] = sorted(summary.get("lost") or summary.get("missing") or {})
         if self.emit is not None:
             self.emit(data)
+
+    def state(self, kernel_id: str, shown: str) -> None:
+        """A kernel's state changed to what its clients see as ``shown``: a ``state``
+        event if that changed (autosaving is running to them)."""
+        if self._shown.get(kernel_id) == shown:
+            return
+        if shown == "gone":
+            self._shown.pop(kernel_id, None)
+        else:
+            self._shown[kernel_id] = shown
+        if self.emit is not None:
+            self.emit(
+                {"action": "state", "status": "success", "kernel_id": kernel_id, "state": shown}
+            )
+
+    def store(self, health: StoreHealth) -> None:
+        """The store's health changed: a ``store`` event (error: why it cannot be used)."""
+        if self.emit is None:
+            return
+        data: dict[str, Any] = {"action": "store", "status": "success" if health.ok else "error"}
+        if health.error:
+            data["msg"] = health.error
+        self.emit(data)

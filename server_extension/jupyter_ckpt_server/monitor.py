@@ -190,7 +190,12 @@ class IdleMonitor:
             blocked.append("idle suspension is off (idle_timeout=0)")
         if kernel.kernel_name in policy.exclude_kernel_names:
             blocked.append(f"kernel name {kernel.kernel_name!r} is in exclude_kernel_names")
-        if a.execution_state in ("busy", "starting"):
+        # the server's own silent requests (this monitor's activity check, a restore's
+        # last steps, another status request's check) are no work of the user's; a
+        # suspend waits them out (KernelRPC.busy)
+        if a.execution_state == "starting" or (
+            a.execution_state == "busy" and not manager.rpc.serving_us(kernel_id)
+        ):
             blocked.append(f"the kernel is {a.execution_state}")
         if connections and not policy.suspend_connected:
             blocked.append(f"{connections} client(s) connected (suspend_connected=False)")

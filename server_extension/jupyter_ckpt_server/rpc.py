@@ -251,6 +251,11 @@ class KernelRPC:
         await poll(idle_or_not_ours, timeout)
         return kernel.execution_state == "busy"
 
+    def serving_us(self, kernel_id: str) -> bool:
+        """Whether one of our silent requests to the kernel runs now: the server sees it
+        busy meanwhile, with nothing of the user's."""
+        return bool(self._in_flight[kernel_id])
+
     async def settled(self, kernel_id: str, timeout: float = 10) -> None:
         """Wait until the server has seen the kernel go idle after our silent call. Until
         then it thinks the kernel busy, and a websocket connecting meanwhile skips the

@@ -34,8 +34,10 @@ class StoreHealth:
         log: logging.Logger,
         first_delay: float = 1.0,
         max_delay: float = 60.0,
+        on_change: Callable[[StoreHealth], None] | None = None,
     ) -> None:
         self.url = url
+        self.on_change = on_change  # told of each change of health (a store event)
         self.log = log
         self.first_delay = first_delay
         self.max_delay = max_delay
@@ -52,9 +54,13 @@ class StoreHealth:
         """Note the outcome of a store operation; log only when the health changes."""
         message = None if error is None else " ".join(str(error).split()) or type(error).__name__
         if (error is None) == self.ok:
-            self.error = message  # same health: the latest reason, no new log line
+            # same health: the latest reason, no new log line (an event: clients show it)
+            said, self.error = self.error, message
+            if message != said:
+                self._changed()
             return
         self.ok, self.error, self.since = error is None, message, _now()
+        self._changed()
         if error is None:
             self.log.info("The store %s answers again (%s succeeded)", self.url, what)
         else:
@@ -64,6 +70,10 @@ class StoreHealth:
                 what,
                 message,
             )
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self)
 
     def saw(self, error: BaseException | None, what: str) -> None:
         """The outcome of an operation the server did on the store anyway (a save): a

@@ -49,6 +49,12 @@ async def poll(condition: Callable[[], Any], timeout: float = 30, what: str = ""
         await asyncio.sleep(0.05)
 
 
+def action_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events that end an action (a checkpoint, a delete...): not those that say how
+    far one is, nor what a kernel's state or the store's health changed to."""
+    return [e for e in events if e["action"] not in ("progress", "state", "store")]
+
+
 async def next_event(events: list[dict[str, Any]], action: str, **expected: Any) -> dict:
     """The first event of ``action`` with the ``expected`` fields: event listeners run as
     tasks, so an event may arrive a moment after the step that emitted it."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from server_helpers import fails_with, get_json, poll, start_session, text_of
+from server_helpers import action_events, fails_with, get_json, poll, start_session, text_of
 
 
 async def test_checkpoint_list_show_delete(jp_fetch, connect, events):
@@ -27,8 +27,8 @@ async def test_checkpoint_list_show_delete(jp_fetch, connect, events):
     r = await jp_fetch("api", "ckpt", "images", saved["id"], method="DELETE")
     assert r.code == 204
     assert await get_json(jp_fetch, "api", "ckpt", "images") == []
-    outcomes = [e for e in events if e["action"] != "progress"]
-    await poll(lambda: len(outcomes) == 2, what="the events")
+    await poll(lambda: len(action_events(events)) == 2, what="the events")
+    outcomes = action_events(events)
     assert [(e["action"], e["status"], e["image_id"]) for e in outcomes] == [
         ("checkpoint", "success", saved["id"]),
         ("delete", "success", saved["id"]),

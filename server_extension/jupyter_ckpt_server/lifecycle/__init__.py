@@ -74,6 +74,11 @@ any             shutdown by a server stop   gone            owner     kept: reco
                                                                       start
 ==============  ==========================  ==============  ========  ==========================
 
+Every change of a kernel's state, whichever module makes it, is told to its clients as a
+``state`` event with the state they see (autosaving reads as running; ``gone`` after a
+shutdown): each lifecycle is made by :meth:`.kernels.Kernels.new_lifecycle`, whose
+``on_state`` hears every assignment of ``state``, so that no transition can forget it.
+
 A save that finds the kernel's state unchanged since its newest image writes none (see
 :mod:`jupyter_ckpt.image.identity`): the transition names that image instead of a new one.
 

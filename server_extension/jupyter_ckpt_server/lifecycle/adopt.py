@@ -12,7 +12,7 @@ from typing import Any
 from ..recovery import recovered_field, writer_alive
 from .kernels import Kernels
 from .sessions import Sessions
-from .states import KernelLifecycle, State
+from .states import State
 
 
 async def load_records(owner: Kernels, sessions: Sessions) -> None:
@@ -28,7 +28,7 @@ async def load_records(owner: Kernels, sessions: Sessions) -> None:
             continue
         if record.get("server_name", "") != server_name:
             continue  # another named server of the same user: its kernels, not ours
-        lc = owner.kernels[kernel_id] = KernelLifecycle(kernel_id, State.SUSPENDED, record=record)
+        lc = owner.kernels[kernel_id] = owner.new_lifecycle(kernel_id, State.SUSPENDED, record)
         lc.recovered = recovered_field(record)
         if lc.recovered is not None:
             owner.log.warning(

@@ -85,6 +85,19 @@ class Kernels:
         lc = self.kernels.get(kernel_id)
         return None if lc is None else lc.state
 
+    def new_lifecycle(
+        self, kernel_id: str, state: State, record: dict[str, Any] | None = None
+    ) -> KernelLifecycle:
+        """A kernel the owner keeps from now on, whose every change of state its clients
+        hear of (a ``state`` event)."""
+
+        def told(lc: KernelLifecycle) -> None:
+            self.events.state(lc.kernel_id, lc.shown_state)
+
+        lc = KernelLifecycle(kernel_id, state, record=record, on_state=told)
+        told(lc)
+        return lc
+
     def in_state(self, *states: State) -> list[KernelLifecycle]:
         return [lc for lc in list(self.kernels.values()) if lc.state in states]
 

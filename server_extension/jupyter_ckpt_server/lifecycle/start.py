@@ -64,7 +64,7 @@ class Start:
         if lc is None and not start:
             return
         if lc is None:
-            lc = owner.kernels[kernel_id] = KernelLifecycle(kernel_id, S.RUNNING)
+            lc = owner.kernels[kernel_id] = owner.new_lifecycle(kernel_id, S.RUNNING)
         lc.close_stream()
         if not start:
             return
@@ -94,7 +94,9 @@ class Start:
         would wait for it in vain). A silent process is slow: it is waited for, never
         killed."""
         owner = self.owner
-        lc = owner.kernels.setdefault(kernel_id, KernelLifecycle(kernel_id, S.RUNNING))
+        lc = owner.kernels.get(kernel_id)
+        if lc is None:
+            lc = owner.kernels[kernel_id] = owner.new_lifecycle(kernel_id, S.RUNNING)
         lc.launch = launch
         kernel = owner.km.get_kernel(kernel_id)
         for attempt in range(1, START_ATTEMPTS + 1):

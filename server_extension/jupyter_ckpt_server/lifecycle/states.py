@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,22 @@ class KernelLifecycle:
     refreshed_at: float = 0.0
     # the record a checkpoint's record replaced: put back if the user deletes that image
     before_checkpoint: dict[str, Any] | None = None
+    # told of each change of ``state`` (after it), wherever it is made: the server's
+    # clients follow the kernel from the events it sends (see Kernels.new_lifecycle)
+    on_state: Callable[[KernelLifecycle], None] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        changed = name == "state" and self.__dict__.get("state") is not value
+        super().__setattr__(name, value)
+        if changed and self.on_state is not None:
+            self.on_state(self)
+
+    @property
+    def shown_state(self) -> str:
+        """The state its clients see: the model's ``ckpt`` state, or ``gone``."""
+        return "gone" if self.state is S.GONE else str(self.model_field()["state"])
 
     def move(self, event: str) -> None:
         nxt = TRANSITIONS.get((self.state, event))
