@@ -165,7 +165,8 @@ export interface ICkptEvent {
     | 'delete'
     | 'progress'
     | 'state'
-    | 'store';
+    | 'store'
+    | 'images';
   status: 'success' | 'error' | 'running' | 'skipped';
   kernel_id?: string;
   image_id?: string;

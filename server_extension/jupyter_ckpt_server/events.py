@@ -21,8 +21,9 @@ class Events:
 
     Besides the actions, a ``state`` event for each change of a kernel's state as its
     clients see it (running, suspending, suspended, restoring, restore-failed, gone) and
-    a ``store`` event for each change of the store's health: every open JupyterLab
-    follows them at once, with no poll (see docs/panel.md).
+    a ``store`` event for each change of the store's health, and an ``images`` event
+    when a cell that ran a ``%ckpt`` command ends: every open JupyterLab follows them at
+    once, with no poll (see docs/panel.md).
     """
 
     def __init__(self, emit: Callable[[dict[str, Any]], None] | None, log: Any) -> None:
@@ -91,6 +92,12 @@ class Events:
             self.emit(
                 {"action": "state", "status": "success", "kernel_id": kernel_id, "state": shown}
             )
+
+    def images(self, kernel_id: str) -> None:
+        """A cell that ran a ``%ckpt`` command ended in the kernel: the kernel writes
+        and deletes images in the store itself, so every page lists them again."""
+        if self.emit is not None:
+            self.emit({"action": "images", "status": "success", "kernel_id": kernel_id})
 
     def store(self, health: StoreHealth) -> None:
         """The store's health changed: a ``store`` event (error: why it cannot be used)."""

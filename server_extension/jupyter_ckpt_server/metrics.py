@@ -85,7 +85,7 @@ STORE_BYTES = Gauge("jupyter_ckpt_store_bytes", "Bytes of the images in the stor
 STORE_IMAGES = Gauge("jupyter_ckpt_store_images", "Images in the store.")
 
 # the actions after which the store holds other images
-_STORE_CHANGES = ("checkpoint", "suspend", "delete")
+_STORE_CHANGES = ("checkpoint", "suspend", "delete", "images")
 
 
 def count_store(store: ImageStore) -> None:

@@ -90,6 +90,13 @@ def test_a_second_tab_follows_changes_made_elsewhere_within_a_second(page: Page,
         lambda: lab.api("POST", f"{kernel_api}/checkpoint", {"name": "second"}),
         lambda: expect(entry).to_contain_text("second", timeout=LIVE),
     )
+    # a %ckpt command writes from the kernel, past the server: the cell's end tells
+    run_cell(page, "%load_ext jupyter_ckpt")
+    timed(
+        "image saved by %ckpt in a cell",
+        lambda: run_cell(page, "%ckpt save by-magic"),
+        lambda: expect(entry).to_contain_text("by-magic", timeout=LIVE),
+    )
     timed(
         "image deleted",
         lambda: lab.api("DELETE", f"api/ckpt/images/{first['id']}"),

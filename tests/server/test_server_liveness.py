@@ -47,6 +47,23 @@ async def test_state_events_follow_a_kernel_from_start_to_shutdown(jp_fetch, con
     await poll(lambda: states(events, kernel_id) == expected, what=f"states {expected}")
 
 
+async def test_a_cell_that_ran_a_ckpt_command_is_told_once_it_ended(jp_fetch, connect, events):
+    """`%ckpt save` writes from the kernel, which the server does not see: an ``images``
+    event follows the end of each cell that names the command."""
+    _, kernel_id = await start_session(jp_fetch, "magic.ipynb")
+    client = await connect(kernel_id)
+
+    def told() -> int:
+        return sum(e["action"] == "images" and e.get("kernel_id") == kernel_id for e in events)
+
+    reply, _ = await client.execute("%load_ext jupyter_ckpt")
+    assert reply["status"] == "ok"
+    await poll(lambda: told() == 1, what="the images event of the first cell")
+    reply, _ = await client.execute("import time; time.sleep(0.5)\n%ckpt save by-magic")
+    assert reply["status"] == "ok"
+    await poll(lambda: told() == 2, what="the images event of the save")
+
+
 async def test_a_store_event_says_when_writes_fail_and_when_they_work_again(
     tmp_path: Path,
 ) -> None:

@@ -16,6 +16,7 @@ from jupyter_client.session import Session
 from jupyter_core.utils import ensure_async
 
 from .. import kernelprocess
+from ..polling import poll
 from ..rpc import SuspendFailed
 from .kernels import Kernels
 from .records import RecordKeeper
@@ -34,6 +35,10 @@ START_ATTEMPTS = 3
 # the end of the topic ipykernel publishes status messages under (kernel.<id>.status): two
 # of every request's messages, our own silent calls' included, and never a cell's input
 _STATUS_TOPIC = b".status"
+# what a cell that may change the store from the kernel holds (`%ckpt save`, `%ckpt rm`,
+# jupyter_ckpt.kernel's calls), and how long its images event may wait for the cell's end
+COMMAND = "ckpt"
+CELL_WAIT = 24 * 3600.0
 
 
 async def _until(condition: Callable[[], bool], timeout: float) -> None:
@@ -52,6 +57,7 @@ class Start:
     def __init__(self, owner: Kernels, keeper: RecordKeeper) -> None:
         self.owner = owner
         self.keeper = keeper
+        self._telling: set[asyncio.Future[None]] = set()  # images events waiting for a cell
 
     def watch(self, kernel_id: str, start: bool) -> None:
         """Follow a started kernel's ``execute_input`` messages on the server's own iopub
@@ -80,11 +86,27 @@ class Start:
             _, parts = session.feed_identities(msg_list)
             msg = session.deserialize(parts, content=False)
             if msg["header"]["msg_type"] == "execute_input":
+                content = json.loads(msg["content"])
                 lc.cells += 1
-                lc.executed.append(json.loads(msg["content"])["execution_count"])
+                lc.executed.append(content["execution_count"])
                 self.keeper.schedule_refresh(lc)
+                if COMMAND in content.get("code", ""):
+                    self._images_after_cell(kernel_id, kernel)
 
         stream.on_recv(on_iopub)
+
+    def _images_after_cell(self, kernel_id: str, kernel: Any) -> None:
+        """The cell runs a ``%ckpt`` command, which writes or deletes images from the
+        kernel, past the server: an ``images`` event once it ended (jupyter_server's view
+        of the kernel is no longer busy), so that every page lists them again."""
+
+        async def tell() -> None:
+            await poll(lambda: kernel.execution_state != "busy", CELL_WAIT, interval=0.1)
+            self.owner.events.images(kernel_id)
+
+        task = asyncio.ensure_future(tell())
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
 
     async def started(self, kernel_id: str, launch: dict[str, Any]) -> None:
         """A kernel process started (fresh, restarted, or for a restore): wait until the
