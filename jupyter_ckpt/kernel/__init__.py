@@ -215,6 +215,9 @@ class KernelSession:
             "id": manifest["id"],
             "name": manifest["name"],
             **report.to_json(),
+            # of the missing, those left out on purpose (Exclude, Suspend anyway, `%ckpt
+            # exclude`): the user chose it, the client says so without calling it a failure
+            "excluded": sorted(self.excluded & report.missing.keys()),
             "cells": cells,  # what to re-run to make a missing variable again
             "seconds": time.perf_counter() - started,
             # where the time went, for the server's restore timeline

@@ -12,6 +12,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { showDetails } from './details';
+import { includeCode, leftOutNotice } from './exclusions';
 import { baseName, formatBytes, shortId, shortReason } from './format';
 import {
   confirmSuspend,
@@ -384,27 +385,8 @@ export class CkptActions implements IRowActions {
     report = true
   ): Promise<boolean> {
     const trans = this._trans;
-    const kernels = this._app.serviceManager.kernels;
-    const model = [...kernels.running()].find(k => k.id === kernelId);
     try {
-      if (!model) {
-        throw new Error(trans.__('the kernel is no longer running'));
-      }
-      const kernel = kernels.connectTo({ model, handleComms: false });
-      try {
-        const reply = await kernel.requestExecute({
-          code: excludeCode(names),
-          silent: true,
-          store_history: false
-        }).done;
-        if (reply.content.status !== 'ok') {
-          throw new Error(
-            trans.__('the kernel answered %1', reply.content.status)
-          );
-        }
-      } finally {
-        kernel.dispose();
-      }
+      await this._runSilently(kernelId, excludeCode(names));
     } catch (error) {
       this._failure(
         trans.__('Could not exclude %1', nameList(names)),
@@ -422,6 +404,82 @@ export class CkptActions implements IRowActions {
     }
     await this._kernels.refresh(kernelId).catch(() => undefined);
     return true;
+  }
+
+  /** Have the kernel save variables it left out again (`%ckpt include`), from its next
+   * save on; whether it worked. */
+  async include(kernelId: string, names: string[]): Promise<boolean> {
+    const trans = this._trans;
+    try {
+      await this._runSilently(kernelId, includeCode(names));
+    } catch (error) {
+      this._failure(
+        trans.__('Could not save %1 again', nameList(names)),
+        reason(error)
+      );
+      return false;
+    }
+    this._success(
+      trans.__(
+        "%1 will be saved in this kernel's images again.",
+        nameList(names)
+      )
+    );
+    return true;
+  }
+
+  /**
+   * A kernel restored without variables its image left out on purpose: said in plain
+   * words (no failure), with the cells that make them again and the way to have them
+   * saved again.
+   */
+  noteLeftOut(
+    kernelId: string,
+    names: string[],
+    cells: Record<string, number>
+  ): void {
+    const trans = this._trans;
+    Notification.info(leftOutNotice(names, cells, trans), {
+      autoClose: false,
+      actions: [
+        {
+          label:
+            names.length === 1
+              ? trans.__('Save it again')
+              : trans.__('Save them again'),
+          caption: trans.__(
+            "Save %1 in this kernel's images again once you have made them again",
+            nameList(names)
+          ),
+          callback: () => void this.include(kernelId, names)
+        }
+      ]
+    });
+  }
+
+  /** Run `code` in the kernel without a trace in any notebook; rejects with why not. */
+  private async _runSilently(kernelId: string, code: string): Promise<void> {
+    const trans = this._trans;
+    const kernels = this._app.serviceManager.kernels;
+    const model = [...kernels.running()].find(k => k.id === kernelId);
+    if (!model) {
+      throw new Error(trans.__('the kernel is no longer running'));
+    }
+    const kernel = kernels.connectTo({ model, handleComms: false });
+    try {
+      const reply = await kernel.requestExecute({
+        code,
+        silent: true,
+        store_history: false
+      }).done;
+      if (reply.content.status !== 'ok') {
+        throw new Error(
+          trans.__('the kernel answered %1', reply.content.status)
+        );
+      }
+    } finally {
+      kernel.dispose();
+    }
   }
 
   /** A failure as one short sentence (no server paths, no errno); the server's whole
@@ -454,7 +512,14 @@ export class CkptActions implements IRowActions {
 
   private _reportResume(row: ISessionRow, { reply, path }: IResumed): void {
     const trans = this._trans;
-    const names = Object.keys(reply.restore.missing ?? {});
+    const { excluded = [], cells = {} } = reply.restore;
+    const failed: Record<string, string> = {};
+    for (const [name, why] of Object.entries(reply.restore.missing ?? {})) {
+      if (!excluded.includes(name)) {
+        failed[name] = why;
+      }
+    }
+    const names = Object.keys(failed);
     const kernel = shortId(reply.kernel.id);
     const message =
       path === null
@@ -477,7 +542,7 @@ export class CkptActions implements IRowActions {
               label: trans.__('Show details'),
               callback: event => {
                 event.preventDefault();
-                void this._showUnsaveable(reply.restore.missing ?? {});
+                void this._showUnsaveable(failed);
               }
             }
           ]
@@ -485,6 +550,9 @@ export class CkptActions implements IRowActions {
       );
     } else {
       this._success(message);
+    }
+    if (excluded.length) {
+      this.noteLeftOut(reply.kernel.id, excluded, cells);
     }
   }
 

@@ -195,6 +195,13 @@ function activate(
       return; // a few a second while an image moves: nothing to reload yet
     }
     void poll.refresh();
+    if (ckptEvent.action === 'restore' && ckptEvent.excluded?.length) {
+      actions.noteLeftOut(
+        ckptEvent.kernel_id ?? '',
+        ckptEvent.excluded,
+        ckptEvent.cells ?? {}
+      );
+    }
     const notice = eventNotice(ckptEvent);
     if (notice) {
       Notification.error(notice, { autoClose: false });

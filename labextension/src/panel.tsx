@@ -12,6 +12,7 @@ import { Message } from '@lumino/messaging';
 import * as React from 'react';
 
 import { exactTime, formatBytes, relativeTime, shortId } from './format';
+import { LeftOutLine } from './exclusions';
 import { ckptIcon, nameTagIcon } from './icon';
 import {
   Compatibility,
@@ -39,6 +40,8 @@ export interface IRowActions {
   resume(row: ISessionRow, target?: ResumeTarget): Promise<void>;
   remove(row: ISessionRow): Promise<void>;
   details(row: ISessionRow): Promise<void>;
+  /** Have the kernel save variables it leaves out again; whether it worked. */
+  include(kernelId: string, names: string[]): Promise<boolean>;
 }
 
 /** The entries of the list (its direct rows), in order. */
@@ -474,6 +477,13 @@ export class SavedSessionsPanel extends ReactWidget {
             {image.lost.join(', ')}
           </p>
         )}
+        <LeftOutLine
+          names={image.excluded}
+          label={label}
+          onInclude={this._includer(head, image)}
+          tabIndex={tabbable ? 0 : -1}
+          trans={trans}
+        />
         {note && (
           <p className="jp-CkptRow-note" role="alert">
             {note}
@@ -499,6 +509,20 @@ export class SavedSessionsPanel extends ReactWidget {
         )}
       </li>
     );
+  }
+
+  /** The way back for an entry's head whose kernel runs and leaves variables out. */
+  private _includer(
+    head: boolean,
+    image: ISessionRow['image']
+  ): (() => Promise<boolean>) | null {
+    const { kernel_id: kernel, excluded } = image;
+    return head &&
+      kernel &&
+      excluded?.length &&
+      this._kernels.kernel(kernel)?.state === 'running'
+      ? () => this._actions.include(kernel, excluded)
+      : null;
   }
 
   /** What an entry is now: its kernel suspended, running, or only images saved. */

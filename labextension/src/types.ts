@@ -36,6 +36,8 @@ export interface IImage {
   /** The names of its variables (saved or not), to tell what changed between images. */
   variable_names?: string[];
   lost?: string[];
+  /** The variables left out on purpose (excluded from the kernel's saved state). */
+  excluded?: string[];
   compatibility?: ICompatibility;
   /** GPU the kernel held when the image was written, where the server knows it. */
   gpu?: { model?: string; memory_bytes?: number };
@@ -139,7 +141,14 @@ export interface IStatusReply {
 export interface IResumeReply {
   kernel: { id: string; name: string };
   session: { id: string; path: string } | null;
-  restore: { missing?: Record<string, string>; warnings?: string[] };
+  restore: {
+    missing?: Record<string, string>;
+    /** Of `missing`, those left out on purpose (not a failure). */
+    excluded?: string[];
+    /** The cell (In [n]) that made each missing variable, where the history says. */
+    cells?: Record<string, number>;
+    warnings?: string[];
+  };
 }
 
 /** `POST /api/ckpt/kernels/{id}/checkpoint` and `.../suspend`. */
@@ -166,6 +175,10 @@ export interface ICkptEvent {
   phase?: 'checkpoint' | 'suspend' | 'restore' | 'resume';
   bytes_done?: number;
   bytes_total?: number;
+  /** Restore events: the variables the image left out on purpose, and the cell that
+   * made each. */
+  excluded?: string[];
+  cells?: Record<string, number>;
 }
 
 /** How far a kernel's image is written or read, from its latest progress event. */

@@ -40,6 +40,8 @@ def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
         # the panel names the variables added or removed from one image to the next
         "variable_names": [v["name"] for v in variables],
         "lost": [v["name"] for v in variables if v["status"] == "lost"],
+        # left out on purpose: the panel says so, and offers to save them again
+        "excluded": [v["name"] for v in variables if v["status"] == "excluded"],
         "python": manifest.get("environment", {}).get("python"),
         "gpu": _gpu_summary(manifest),
     }
