@@ -244,7 +244,7 @@ class CkptService:
         km = manager.kernel_manager
         kernels = []
         if kernel_id:
-            await self._forget_fixed_unsaveable(kernel_id)
+            await self._check_unsaveable(kernel_id)
         for assessment in await self.monitor.assess([kernel_id] if kernel_id else None):
             kernels.append(
                 {
@@ -269,24 +269,26 @@ class CkptService:
             "kernels": kernels,
         }
 
-    async def _forget_fixed_unsaveable(self, kernel_id: str) -> None:
-        """Variables a save or a failed suspend could not write no longer keep the kernel
-        up once the user deleted, rebound or excluded them: asked now, not at the next
-        save or attempt."""
+    async def _check_unsaveable(self, kernel_id: str) -> None:
+        """Which variables a suspend now would leave out, asked now (a client asks after
+        each cell): one a cell just made is announced at once, not at the next save
+        minutes later; one the user deleted, rebound or excluded no longer keeps the
+        kernel up. The kernel's look is cheap (see :mod:`jupyter_ckpt.kernel.probe`)."""
         manager = self.manager
         failure = manager.events.failures.get(kernel_id)
         failed = bool(failure and failure.get("lost"))
         km = manager.kernel_manager
-        if not (failed or self.monitor.unsaveable(kernel_id)) or not km.is_running(kernel_id):
+        if not km.is_running(kernel_id):
             return
         if km.get_kernel(kernel_id).execution_state == "busy":  # type: ignore[attr-defined]
             return  # asked again when the cell is done
         timeout = manager.policy.activity_timeout
         try:
-            still = set(await quiet_call(manager, kernel_id, "still_unsaveable()", timeout))
+            found = await quiet_call(manager, kernel_id, "unsaveable_now()", timeout)
         except (SuspendFailed, asyncio.TimeoutError):
             return  # they stand until the kernel can say
-        self.monitor.narrow_unsaveable(kernel_id, still)
+        still = set(found)
+        self.monitor.saw_unsaveable(kernel_id, sorted(found))
         # unless a newer attempt replaced the failure meanwhile
         if failure and failed and manager.events.failures.get(kernel_id) is failure:
             lost = {name: why for name, why in failure["lost"].items() if name in still}

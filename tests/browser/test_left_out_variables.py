@@ -27,6 +27,8 @@ def test_a_variable_left_out_by_suspend_anyway_is_said_plainly_and_can_come_back
     kernel_id = lab.kernel_of(notebook)
     run_cell(page, "gen = (i for i in range(3))")
     run_cell(page, "kept = 41")
+    # announced once the cell is done, not at an autosave minutes later
+    expect(page.locator(STATUS)).to_have_text("Won't suspend: gen cannot be saved")
 
     run_command(page, "Suspend Kernel Now")
     toast_action(page, "Not suspended.", "Suspend anyway, losing gen").click()
