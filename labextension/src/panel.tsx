@@ -11,8 +11,15 @@ import {
 import { Message } from '@lumino/messaging';
 import * as React from 'react';
 
-import { exactTime, formatBytes, relativeTime, shortId } from './format';
+import {
+  exactTime,
+  formatBytes,
+  relativeTime,
+  shortId,
+  shortReason
+} from './format';
 import { LeftOutLine } from './exclusions';
+import { loadFailure } from './loadfailure';
 import { ckptIcon, nameTagIcon } from './icon';
 import {
   Compatibility,
@@ -201,6 +208,12 @@ export class SavedSessionsPanel extends ReactWidget {
     const trans = this._trans;
     const entries = model.entries;
     const keys = entries.map(entry => entry.latest.image.id);
+    // entries of one title (two consoles of one name, a notebook deleted and another
+    // made under its name): their heads' buttons name the image too
+    const titles = entries.map(entry => entry.latest.title);
+    this._repeatedTitles = new Set(
+      titles.filter((title, i) => titles.indexOf(title) !== i)
+    );
     // the entry that holds the list's tab stop: the one last in focus, else the first
     const focusKey =
       this._focusKey && keys.includes(this._focusKey)
@@ -275,9 +288,11 @@ export class SavedSessionsPanel extends ReactWidget {
             'The store cannot be written now: kernels are not saved or suspended, and images cannot be deleted. This clears once a save succeeds.'
           )}
         </p>
-        <p className="jp-CkptPanel-storeError" title={problem}>
-          {problem}
-        </p>
+        <p>{shortReason(problem)}.</p>
+        <details className="jp-CkptPanel-details">
+          <summary>{trans.__('Show details')}</summary>
+          <p className="jp-CkptPanel-storeError">{problem}</p>
+        </details>
       </div>
     );
   }
@@ -287,14 +302,21 @@ export class SavedSessionsPanel extends ReactWidget {
     const model = this.model;
     const trans = this._trans;
     if (model.state === 'error') {
+      const { lead, details } = loadFailure(model.failure, trans);
       return (
         <div className="jp-CkptPanel-message jp-mod-error" role="alert">
-          <p>{trans.__('Could not load saved sessions: %1', model.error)}</p>
-          <p>
-            {trans.__(
-              'Check that the server extension is enabled (jupyter server extension list shows jupyter_ckpt_server), then try again.'
-            )}
-          </p>
+          <p>{lead}</p>
+          {model.allRows.length > 0 && (
+            <p>
+              {trans.__(
+                'The list below is as it was last loaded; its buttons wait until it loads again.'
+              )}
+            </p>
+          )}
+          <details className="jp-CkptPanel-details">
+            <summary>{trans.__('Show details')}</summary>
+            <p className="jp-CkptPanel-storeError">{details}</p>
+          </details>
           <button
             className="jp-CkptButton"
             onClick={() => void model.refresh()}
@@ -418,6 +440,11 @@ export class SavedSessionsPanel extends ReactWidget {
       );
     }
     const label = row.title;
+    // an older image's buttons name the image: the entry's head has the same title
+    const actionsLabel =
+      head && !this._repeatedTitles.has(label)
+        ? label
+        : trans.__('%1, image %2', label, imageLabel(image));
     return (
       <li
         key={image.id}
@@ -479,7 +506,7 @@ export class SavedSessionsPanel extends ReactWidget {
         )}
         <LeftOutLine
           names={image.excluded}
-          label={label}
+          label={actionsLabel}
           onInclude={this._includer(head, image)}
           tabIndex={tabbable ? 0 : -1}
           trans={trans}
@@ -489,12 +516,7 @@ export class SavedSessionsPanel extends ReactWidget {
             {note}
           </p>
         )}
-        {this._renderActions(
-          row,
-          // an older image's buttons name the image: the entry's head has the same title
-          head ? label : trans.__('%1, image %2', label, imageLabel(image)),
-          tabbable
-        )}
+        {this._renderActions(row, actionsLabel, tabbable)}
         {older.length > 0 && (
           <details className="jp-CkptRow-older">
             <summary tabIndex={tabbable ? 0 : -1}>
@@ -519,6 +541,7 @@ export class SavedSessionsPanel extends ReactWidget {
     const { kernel_id: kernel, excluded } = image;
     return head &&
       kernel &&
+      this.model.state !== 'error' &&
       excluded?.length &&
       this._kernels.kernel(kernel)?.state === 'running'
       ? () => this._actions.include(kernel, excluded)
@@ -596,7 +619,9 @@ export class SavedSessionsPanel extends ReactWidget {
     if (actions.length === 0) {
       return null;
     }
-    const busy = this.model.isActing(row.image.id);
+    // a list that cannot be reloaded may be stale: nothing acts on what it shows
+    const busy =
+      this.model.isActing(row.image.id) || this.model.state === 'error';
     const tabIndex = tabbable ? 0 : -1;
     const open = !!row.suspendedKernel;
     const buttons: Record<RowAction, JSX.Element> = {
@@ -704,5 +729,6 @@ export class SavedSessionsPanel extends ReactWidget {
 
   private readonly _resumeMenu: MenuSvg;
   private _menuButton: HTMLElement | null = null;
+  private _repeatedTitles = new Set<string>();
   private _focusKey: string | null = null;
 }

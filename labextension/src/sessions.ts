@@ -316,6 +316,11 @@ export class SavedSessionsModel {
     return this._error;
   }
 
+  /** What the last failed load threw (see `loadFailure`), to say which part failed. */
+  get failure(): unknown {
+    return this._failure;
+  }
+
   get query(): string {
     return this._query;
   }
@@ -438,6 +443,7 @@ export class SavedSessionsModel {
     } catch (reason) {
       this._state = 'error';
       this._error = reason instanceof Error ? reason.message : String(reason);
+      this._failure = reason;
     }
   }
 
@@ -460,6 +466,7 @@ export class SavedSessionsModel {
   private _acting = new Set<string>();
   private _state: LoadState = 'loading';
   private _error = '';
+  private _failure: unknown = null;
   private _query = '';
   private _rows: ISessionRow[] = [];
   private _notes = new Map<string, { message: string; cause: string }>();
@@ -485,6 +492,8 @@ export function isNamed(row: ISessionRow): boolean {
   return (
     !!name &&
     name !== defaultName(row.notebook) &&
+    // a console's kernel is named after the console it was started for ("Console-1")
+    name !== defaultName(row.image.notebook_path ?? null) &&
     !/^kernel-[0-9a-f]{8}$/.test(name) &&
     name !== 'session'
   );
