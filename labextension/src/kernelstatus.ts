@@ -9,7 +9,8 @@ import {
   IGpuDemand,
   IKernelStatus,
   IProgress,
-  IStatusReply
+  IStatusReply,
+  IStoreHealth
 } from './types';
 
 export interface IStatusText {
@@ -289,6 +290,11 @@ export class KernelStatusModel {
   }
 
   /** Why the server cannot use its store, or null while it can. */
+  /** The store's health and use, as the server last said (null: not known). */
+  get store(): IStoreHealth | null {
+    return this._store;
+  }
+
   get storeProblem(): string | null {
     return this._storeProblem;
   }
@@ -389,6 +395,7 @@ export class KernelStatusModel {
         this._fetchedAt.delete(id);
       }
       this._storeProblem = storeProblem(reply);
+      this._store = reply.store ?? null;
       for (const kernel of reply.kernels) {
         this._kernels.set(kernel.kernel_id, kernel);
         this._fetchedAt.set(kernel.kernel_id, fetchedAt);
@@ -429,6 +436,7 @@ export class KernelStatusModel {
 
   private _changed = new Signal<this, void>(this);
   private _storeProblem: string | null = null;
+  private _store: IStoreHealth | null = null;
   private _kernels = new Map<string, IKernelStatus>();
   private _restoring = new Map<string, number>();
   private _progress = new Map<string, IProgress>();

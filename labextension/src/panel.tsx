@@ -20,6 +20,7 @@ import {
 } from './format';
 import { LeftOutLine } from './exclusions';
 import { loadFailure } from './loadfailure';
+import { StoreMeter } from './storemeter';
 import { ckptIcon, nameTagIcon } from './icon';
 import {
   Compatibility,
@@ -246,6 +247,7 @@ export class SavedSessionsPanel extends ReactWidget {
             value={model.query}
             onChange={event => (model.query = event.target.value)}
           />
+          <StoreMeter store={this._kernels.store} trans={trans} />
         </div>
         {this._renderStoreProblem()}
         {this._renderState()}

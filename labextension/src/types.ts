@@ -124,12 +124,24 @@ export interface IKernelStatus {
   recovered?: { autosave_at: string; crashed_after?: string | null };
 }
 
-/** Whether the server reaches its store, and since when. */
+/** Whether the server reaches its store, and since when; how much room it uses. */
 export interface IStoreHealth {
   url: string;
   ok: boolean;
   error: string | null;
   since: string;
+  /** Null while the store cannot be read; absent from older servers. */
+  usage?: IStoreUsage | null;
+}
+
+/** The bytes the store's images hold (each chunk counted once, with the image that
+ * first wrote it), against `ImageStore.quota_bytes`; a local store's file system. */
+export interface IStoreUsage {
+  bytes: number;
+  images: number;
+  quota_bytes: number | null;
+  disk_bytes: number | null;
+  disk_free_bytes: number | null;
 }
 
 export interface IStatusReply {

@@ -17,6 +17,7 @@ from .manager import CkptManager, NothingToSave, SuspendFailed
 from .monitor import IdleMonitor
 from .notebookids import NotebookIds
 from .storehealth import StoreHealth
+from .storeusage import StoreUsage
 from .work import quiet_call
 
 
@@ -86,12 +87,14 @@ class CkptService:
         session_manager: Any,
         demand: GpuDemand | None = None,
         notebook_ids: NotebookIds | None = None,
+        store_usage: StoreUsage | None = None,
     ) -> None:
         self.manager = manager
         self.monitor = monitor
         self.session_manager = session_manager
         self.demand = demand
         self.notebook_ids = notebook_ids
+        self.store_usage = store_usage
 
     @property
     def node(self) -> dict[str, Any]:
@@ -264,10 +267,18 @@ class CkptService:
         return {
             "policy": manager.policy.to_json(),
             "gpu_demand": demand.to_json() if demand else None,
-            "store": self.store_health.to_json() if self.store_health else None,
+            "store": await self._store_status(),
             "node": self.node,
             "kernels": kernels,
         }
+
+    async def _store_status(self) -> dict[str, Any] | None:
+        """The store's health, and its use against its quota (``usage``; null while it
+        cannot be read)."""
+        if self.store_health is None:
+            return None
+        usage = await self.store_usage.current() if self.store_usage else None
+        return {**self.store_health.to_json(), "usage": usage}
 
     async def _check_unsaveable(self, kernel_id: str) -> None:
         """Which variables a suspend now would leave out, asked now (a client asks after
