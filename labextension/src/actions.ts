@@ -109,7 +109,7 @@ export class CkptActions implements IRowActions {
           this._reportResume(row, resumed);
         }
       } catch (error) {
-        this._failure(
+        this.failure(
           this._trans.__('Could not resume %1', row.title),
           reason(error)
         );
@@ -195,7 +195,7 @@ export class CkptActions implements IRowActions {
         refusalText(reason(error))
       );
       this._sessions.note(row.image.id, message);
-      Notification.error(message, { autoClose: false });
+      this.failure(trans.__('Image %1 not deleted', image), reason(error));
     }
     await this._sessions.refresh();
   }
@@ -214,7 +214,7 @@ export class CkptActions implements IRowActions {
         ]);
         await showDetails(row.title, image, previous, this._trans);
       } catch (error) {
-        this._failure(
+        this.failure(
           this._trans.__('Could not load the details of %1', row.title),
           reason(error)
         );
@@ -293,7 +293,7 @@ export class CkptActions implements IRowActions {
     if (what === 'Suspend' && Object.keys(lost).length) {
       this._unsaveable(kernelId, lost, trans.__('Not suspended.'), true);
     } else {
-      this._failure(
+      this.failure(
         what === 'Checkpoint'
           ? trans.__('Could not save the kernel state')
           : trans.__('Could not suspend the kernel'),
@@ -388,7 +388,7 @@ export class CkptActions implements IRowActions {
     try {
       await this._runSilently(kernelId, excludeCode(names));
     } catch (error) {
-      this._failure(
+      this.failure(
         trans.__('Could not exclude %1', nameList(names)),
         reason(error)
       );
@@ -413,7 +413,7 @@ export class CkptActions implements IRowActions {
     try {
       await this._runSilently(kernelId, includeCode(names));
     } catch (error) {
-      this._failure(
+      this.failure(
         trans.__('Could not save %1 again', nameList(names)),
         reason(error)
       );
@@ -484,7 +484,7 @@ export class CkptActions implements IRowActions {
 
   /** A failure as one short sentence (no server paths, no errno); the server's whole
    * message, with its advice, behind Show details. */
-  private _failure(lead: string, why: string): void {
+  failure(lead: string, why: string): void {
     const trans = this._trans;
     Notification.error(`${lead}: ${shortReason(why)}.`, {
       autoClose: false,

@@ -204,7 +204,7 @@ function activate(
     }
     const notice = eventNotice(ckptEvent);
     if (notice) {
-      Notification.error(notice, { autoClose: false });
+      actions.failure(notice.lead, notice.why);
     }
   });
 

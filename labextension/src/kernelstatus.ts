@@ -2,7 +2,13 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { exactTime, formatBytes, formatDuration, relativeTime } from './format';
+import {
+  exactTime,
+  formatBytes,
+  formatDuration,
+  relativeTime,
+  shortId
+} from './format';
 import {
   ICkptApi,
   ICkptEvent,
@@ -447,12 +453,18 @@ export class KernelStatusModel {
 
 /**
  * What to tell the user about a server event, if anything: a restore that failed (the
- * kernel runs without its variables). Failed idle suspensions show in the status bar
- * instead, and failed commands report themselves.
+ * kernel runs without its variables), as the lead of a failure and its whole reason.
+ * Failed idle suspensions show in the status bar instead, and failed commands report
+ * themselves.
  */
-export function eventNotice(event: ICkptEvent): string | null {
+export function eventNotice(
+  event: ICkptEvent
+): { lead: string; why: string } | null {
   if (event.action === 'restore' && event.status === 'error') {
-    return `Could not restore kernel ${event.kernel_id ?? ''}: ${event.msg ?? 'unknown error'}. It runs without its saved variables; the image is kept.`;
+    return {
+      lead: `Could not restore kernel ${shortId(event.kernel_id ?? '')}`,
+      why: `${event.msg ?? 'unknown error'}. The kernel runs without its saved variables; the image is kept.`
+    };
   }
   return null;
 }

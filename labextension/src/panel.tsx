@@ -387,10 +387,14 @@ export class SavedSessionsPanel extends ReactWidget {
           </div>
           <p className="jp-CkptRow-problem">
             {trans.__(
-              'Cannot be verified, so it cannot be resumed or deleted here: %1',
-              image.error ?? ''
+              'Cannot be verified, so it cannot be resumed or deleted here: %1.',
+              shortReason(image.error ?? '')
             )}
           </p>
+          <details className="jp-CkptPanel-details">
+            <summary>{trans.__('Show details')}</summary>
+            <p className="jp-CkptPanel-storeError">{image.error}</p>
+          </details>
           {note && (
             <p className="jp-CkptRow-note" role="alert">
               {note}

@@ -1,7 +1,8 @@
-"""When the panel cannot load its list it says which part failed, in one short sentence
-with the whole message behind Show details: the Jupyter server (stopped), or its image
-store (an S3 endpoint that does not answer), whose long URL wraps inside the panel. A
-list that cannot be reloaded keeps its rows, but their buttons wait."""
+"""Failures in one short sentence, the whole message behind Show details. When the panel
+cannot load its list it says which part failed: the Jupyter server (stopped), or its
+image store (an S3 endpoint that does not answer), whose long URL wraps inside the
+panel; a list that cannot be reloaded keeps its rows, but their buttons wait. A restore
+that failed says so in one sentence too."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from typing import Any
 
 from browser_helpers import (
     PANEL,
+    STATUS,
+    SUSPENDED,
     assert_inside,
+    confirm,
     open_notebook,
     open_panel,
     run_cell,
     screenshot,
+    toast,
+    toast_action,
 )
-from browser_lab import STEADY_KERNEL
+from browser_lab import RESTORE_WAIT, STEADY_KERNEL
 from harness import BUCKET, CREDENTIALS, S3_TIMEOUTS
 from playwright.sync_api import Page, expect
 
@@ -79,3 +85,29 @@ def test_an_unreachable_store_is_named_and_its_url_wraps(
         expect(details).to_contain_text(re.compile(rf"cannot reach the store {re.escape(url)}"))
         assert_inside(details, page.locator(PANEL))
         screenshot(page.locator(PANEL), "panel-store-unreachable")
+
+
+def test_a_failed_restore_is_one_sentence_with_the_rest_behind_details(
+    page: Page, start_lab: Callable[..., Any]
+) -> None:
+    with start_lab() as lab:
+        notebook = lab.notebook("broken.ipynb", STEADY_KERNEL)
+        open_notebook(page, lab, notebook)
+        kernel_id = lab.kernel_of(notebook)
+        run_cell(page, "weights = list(range(50_000))")
+        lab.api("POST", f"api/ckpt/kernels/{kernel_id}/suspend", {})
+        expect(page.locator(STATUS)).to_have_text(SUSPENDED, timeout=RESTORE_WAIT)
+        for chunk in (lab.root.parent / "store").rglob("*"):  # damaged on disk since
+            if "chunks" in chunk.parts and chunk.is_file():
+                chunk.write_bytes(b"altered" + chunk.read_bytes()[7:])
+
+        run_cell(page, "print('running')")
+        lead = f"Could not restore kernel {kernel_id[:8]}"
+        failed = toast(page, lead)
+        expect(failed).to_be_visible(timeout=RESTORE_WAIT)
+        text = failed.inner_text()
+        assert re.fullmatch(rf"{lead}: [^/]+\.", text) and len(text) <= 140, text
+        toast_action(page, lead, "Show details").click()
+        dialog = page.locator(".jp-Dialog-content")
+        expect(dialog).to_contain_text("runs without its saved variables; the image is kept")
+        confirm(page, "Close")
