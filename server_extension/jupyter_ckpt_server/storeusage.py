@@ -3,19 +3,22 @@
 Read from the store's signed index (only manifests new since the last read are read),
 off the event loop, at most every ``max_age`` seconds: the status is asked after every
 cell, and a listing of a remote store takes a round trip. The bytes are those each image
-wrote (a chunk counts with the image that first wrote it; a chunk shared with a deleted
-image's successor is not counted again), against ``ImageStore.quota_bytes`` when there is
-one; a local store also says how large its file system is and how much of it is free.
+wrote (a chunk counts with the image that first wrote it: once that image is deleted, a
+chunk a later image still uses counts no more, so the meter may read low, never high),
+against ``ImageStore.quota_bytes`` when there is one; a local store also says how large
+its file system is and how much of it is free.
 
 States:
 
-======== ======================== =========================================
-state    on ``current()``         then
-======== ======================== =========================================
-empty    reads, waits FIRST_WAIT  fresh (or empty, if the read failed)
-fresh    the last reading         stale once ``max_age`` has passed
-stale    the last reading         a read in the background; fresh when done
-======== ======================== =========================================
+======== ============================ =========================================
+state    on ``current()``             then
+======== ============================ =========================================
+empty    reads, waits up to READ_WAIT fresh (or empty, if the read failed)
+fresh    the last reading             stale once ``max_age`` has passed, or
+                                      at once after a save or a delete
+stale    reads, waits up to READ_WAIT fresh (the last reading, if it failed
+                                      or takes longer)
+======== ============================ =========================================
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from jupyter_ckpt.store import ImageStore
 from jupyter_ckpt.store.backends import LocalBackend
 
 MAX_AGE = 30.0
-# how long the status waits for the first reading
-FIRST_WAIT = 2.0
+# how long the status waits for a reading under way
+READ_WAIT = 2.0
 # the actions after which the store holds other images
 STORE_CHANGES = ("checkpoint", "suspend", "delete")
 
@@ -71,11 +74,11 @@ class StoreUsage:
         """The store's use (None while it cannot be read)."""
         if self._reading is None and time.monotonic() - self._read_at > self.max_age:
             self._reading = asyncio.ensure_future(self._read())
-        if self._usage is None and self._reading is not None:
-            # the first reading, briefly: a store that does not answer must not hold up
-            # the status (its health says why), which asks again later
+        if self._reading is not None:
+            # briefly: a store that does not answer must not hold up the status (its
+            # health says why), which asks again later
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._reading), FIRST_WAIT)
+                await asyncio.wait_for(asyncio.shield(self._reading), READ_WAIT)
         return self._usage
 
     async def on_event(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
