@@ -312,8 +312,13 @@ export class SavedSessionsModel {
   }
 
   /** Why the last load failed. */
+  /** Why the last load failed ('' after one that worked). */
   get error(): string {
-    return this._error;
+    const failure = this._failure;
+    if (failure === null) {
+      return '';
+    }
+    return failure instanceof Error ? failure.message : String(failure);
   }
 
   /** What the last failed load threw (see `loadFailure`), to say which part failed. */
@@ -439,10 +444,9 @@ export class SavedSessionsModel {
         }
       }
       this._state = 'ready';
-      this._error = '';
+      this._failure = null;
     } catch (reason) {
       this._state = 'error';
-      this._error = reason instanceof Error ? reason.message : String(reason);
       this._failure = reason;
     }
   }
@@ -465,7 +469,6 @@ export class SavedSessionsModel {
   private _renames: IRename[] = [];
   private _acting = new Set<string>();
   private _state: LoadState = 'loading';
-  private _error = '';
   private _failure: unknown = null;
   private _query = '';
   private _rows: ISessionRow[] = [];
