@@ -22,6 +22,7 @@ from . import background
 from .activity import describe as describe
 from .activity import idle_ok as idle_ok
 from .caches import apply_caches, cache_facts
+from .probe import Probe
 from .state import (
     adopt,
     apply_kernel_facts,
@@ -62,6 +63,8 @@ class KernelSession:
         self.last_image: str | None = None
         # name -> id() of each value the last save could not write (no reference kept)
         self.unsaveable: dict[str, int] = {}
+        # the cheap look after each cell for variables that cannot be saved
+        self.probe = Probe()
         # the last image's bytes held in host memory: what a forked save may copy
         self.last_bytes = 0
         # name -> why: restored variables whose mapped data failed its later check
@@ -180,6 +183,15 @@ class KernelSession:
             if name not in self.excluded and name in namespace and id(namespace[name]) == value_id
         )
 
+    def unsaveable_now(self) -> dict[str, str]:
+        """name -> why, for the variables a suspend now would leave out, as far as a
+        cheap look tells (see :mod:`.probe`): those the last save could not write that
+        still hold the same values, and those bound since that cannot be saved."""
+        found = self.probe.look(user_variables(self.shell), self.excluded)
+        for name in self.still_unsaveable():
+            found.setdefault(name, "the last save could not write it")
+        return dict(sorted(found.items()))
+
     def restore(
         self,
         ref: str,
@@ -218,6 +230,9 @@ class KernelSession:
             "id": manifest["id"],
             "name": manifest["name"],
             **report.to_json(),
+            # of the missing, those left out on purpose (Exclude, Suspend anyway, `%ckpt
+            # exclude`): the user chose it, the client says so without calling it a failure
+            "excluded": sorted(self.excluded & report.missing.keys()),
             "cells": cells,  # what to re-run to make a missing variable again
             "seconds": time.perf_counter() - started,
             # where the time went, for the server's restore timeline
@@ -297,6 +312,10 @@ def restore(
 
 def still_unsaveable() -> list[str]:
     return session().still_unsaveable()
+
+
+def unsaveable_now() -> dict[str, str]:
+    return session().unsaveable_now()
 
 
 def autosave(timeout: float = background.DEFAULT_CHILD_TIMEOUT) -> dict[str, Any]:

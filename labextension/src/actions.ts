@@ -12,6 +12,7 @@ import { TranslationBundle } from '@jupyterlab/translation';
 import { Widget } from '@lumino/widgets';
 
 import { showDetails } from './details';
+import { includeCode, leftOutNotice } from './exclusions';
 import { baseName, formatBytes, shortId, shortReason } from './format';
 import {
   confirmSuspend,
@@ -108,7 +109,7 @@ export class CkptActions implements IRowActions {
           this._reportResume(row, resumed);
         }
       } catch (error) {
-        this._failure(
+        this.failure(
           this._trans.__('Could not resume %1', row.title),
           reason(error)
         );
@@ -194,7 +195,7 @@ export class CkptActions implements IRowActions {
         refusalText(reason(error))
       );
       this._sessions.note(row.image.id, message);
-      Notification.error(message, { autoClose: false });
+      this.failure(trans.__('Image %1 not deleted', image), reason(error));
     }
     await this._sessions.refresh();
   }
@@ -213,7 +214,7 @@ export class CkptActions implements IRowActions {
         ]);
         await showDetails(row.title, image, previous, this._trans);
       } catch (error) {
-        this._failure(
+        this.failure(
           this._trans.__('Could not load the details of %1', row.title),
           reason(error)
         );
@@ -292,7 +293,7 @@ export class CkptActions implements IRowActions {
     if (what === 'Suspend' && Object.keys(lost).length) {
       this._unsaveable(kernelId, lost, trans.__('Not suspended.'), true);
     } else {
-      this._failure(
+      this.failure(
         what === 'Checkpoint'
           ? trans.__('Could not save the kernel state')
           : trans.__('Could not suspend the kernel'),
@@ -384,29 +385,10 @@ export class CkptActions implements IRowActions {
     report = true
   ): Promise<boolean> {
     const trans = this._trans;
-    const kernels = this._app.serviceManager.kernels;
-    const model = [...kernels.running()].find(k => k.id === kernelId);
     try {
-      if (!model) {
-        throw new Error(trans.__('the kernel is no longer running'));
-      }
-      const kernel = kernels.connectTo({ model, handleComms: false });
-      try {
-        const reply = await kernel.requestExecute({
-          code: excludeCode(names),
-          silent: true,
-          store_history: false
-        }).done;
-        if (reply.content.status !== 'ok') {
-          throw new Error(
-            trans.__('the kernel answered %1', reply.content.status)
-          );
-        }
-      } finally {
-        kernel.dispose();
-      }
+      await this._runSilently(kernelId, excludeCode(names));
     } catch (error) {
-      this._failure(
+      this.failure(
         trans.__('Could not exclude %1', nameList(names)),
         reason(error)
       );
@@ -424,9 +406,85 @@ export class CkptActions implements IRowActions {
     return true;
   }
 
+  /** Have the kernel save variables it left out again (`%ckpt include`), from its next
+   * save on; whether it worked. */
+  async include(kernelId: string, names: string[]): Promise<boolean> {
+    const trans = this._trans;
+    try {
+      await this._runSilently(kernelId, includeCode(names));
+    } catch (error) {
+      this.failure(
+        trans.__('Could not save %1 again', nameList(names)),
+        reason(error)
+      );
+      return false;
+    }
+    this._success(
+      trans.__(
+        "%1 will be saved in this kernel's images again.",
+        nameList(names)
+      )
+    );
+    return true;
+  }
+
+  /**
+   * A kernel restored without variables its image left out on purpose: said in plain
+   * words (no failure), with the cells that make them again and the way to have them
+   * saved again.
+   */
+  noteLeftOut(
+    kernelId: string,
+    names: string[],
+    cells: Record<string, number>
+  ): void {
+    const trans = this._trans;
+    Notification.info(leftOutNotice(names, cells, trans), {
+      autoClose: false,
+      actions: [
+        {
+          label:
+            names.length === 1
+              ? trans.__('Save it again')
+              : trans.__('Save them again'),
+          caption: trans.__(
+            "Save %1 in this kernel's images again once you have made them again",
+            nameList(names)
+          ),
+          callback: () => void this.include(kernelId, names)
+        }
+      ]
+    });
+  }
+
+  /** Run `code` in the kernel without a trace in any notebook; rejects with why not. */
+  private async _runSilently(kernelId: string, code: string): Promise<void> {
+    const trans = this._trans;
+    const kernels = this._app.serviceManager.kernels;
+    const model = [...kernels.running()].find(k => k.id === kernelId);
+    if (!model) {
+      throw new Error(trans.__('the kernel is no longer running'));
+    }
+    const kernel = kernels.connectTo({ model, handleComms: false });
+    try {
+      const reply = await kernel.requestExecute({
+        code,
+        silent: true,
+        store_history: false
+      }).done;
+      if (reply.content.status !== 'ok') {
+        throw new Error(
+          trans.__('the kernel answered %1', reply.content.status)
+        );
+      }
+    } finally {
+      kernel.dispose();
+    }
+  }
+
   /** A failure as one short sentence (no server paths, no errno); the server's whole
    * message, with its advice, behind Show details. */
-  private _failure(lead: string, why: string): void {
+  failure(lead: string, why: string): void {
     const trans = this._trans;
     Notification.error(`${lead}: ${shortReason(why)}.`, {
       autoClose: false,
@@ -454,7 +512,14 @@ export class CkptActions implements IRowActions {
 
   private _reportResume(row: ISessionRow, { reply, path }: IResumed): void {
     const trans = this._trans;
-    const names = Object.keys(reply.restore.missing ?? {});
+    const { excluded = [], cells = {} } = reply.restore;
+    const failed: Record<string, string> = {};
+    for (const [name, why] of Object.entries(reply.restore.missing ?? {})) {
+      if (!excluded.includes(name)) {
+        failed[name] = why;
+      }
+    }
+    const names = Object.keys(failed);
     const kernel = shortId(reply.kernel.id);
     const message =
       path === null
@@ -477,7 +542,7 @@ export class CkptActions implements IRowActions {
               label: trans.__('Show details'),
               callback: event => {
                 event.preventDefault();
-                void this._showUnsaveable(reply.restore.missing ?? {});
+                void this._showUnsaveable(failed);
               }
             }
           ]
@@ -485,6 +550,9 @@ export class CkptActions implements IRowActions {
       );
     } else {
       this._success(message);
+    }
+    if (excluded.length) {
+      this.noteLeftOut(reply.kernel.id, excluded, cells);
     }
   }
 

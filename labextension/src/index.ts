@@ -213,8 +213,19 @@ function activate(
         manager.kernels.refreshRunning()
       ]);
     },
-    notify: notice => Notification.error(notice, { autoClose: false }),
-    noticeOf: eventNotice
+    tell: event => {
+      if (event.action === 'restore' && event.excluded?.length) {
+        actions.noteLeftOut(
+          event.kernel_id ?? '',
+          event.excluded,
+          event.cells ?? {}
+        );
+      }
+      const notice = eventNotice(event);
+      if (notice) {
+        actions.failure(notice.lead, notice.why);
+      }
+    }
   });
 
   // The widget in front, notebook or console, as JupyterLab's own kernel commands

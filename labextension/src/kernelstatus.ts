@@ -2,7 +2,13 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { exactTime, formatBytes, formatDuration, relativeTime } from './format';
+import {
+  exactTime,
+  formatBytes,
+  formatDuration,
+  relativeTime,
+  shortId
+} from './format';
 import { Refresher } from './refresher';
 import {
   CkptState,
@@ -11,7 +17,8 @@ import {
   IGpuDemand,
   IKernelStatus,
   IProgress,
-  IStatusReply
+  IStatusReply,
+  IStoreHealth
 } from './types';
 
 export interface IStatusText {
@@ -304,6 +311,11 @@ export class KernelStatusModel {
   }
 
   /** Why the server cannot use its store, or null while it can. */
+  /** The store's health and use, as the server last said (null: not known). */
+  get store(): IStoreHealth | null {
+    return this._store;
+  }
+
   get storeProblem(): string | null {
     return this._storeProblem;
   }
@@ -454,6 +466,7 @@ export class KernelStatusModel {
       if (this._storeNotedAt < asked) {
         this._storeProblem = storeProblem(reply);
       }
+      this._store = reply.store ?? null;
       for (const kernel of reply.kernels) {
         const id = kernel.kernel_id;
         if (newer(id)) {
@@ -501,6 +514,7 @@ export class KernelStatusModel {
 
   private _changed = new Signal<this, void>(this);
   private _storeProblem: string | null = null;
+  private _store: IStoreHealth | null = null;
   private _kernels = new Map<string, IKernelStatus>();
   private _restoring = new Map<string, number>();
   private _progress = new Map<string, IProgress>();
@@ -515,12 +529,18 @@ export class KernelStatusModel {
 
 /**
  * What to tell the user about a server event, if anything: a restore that failed (the
- * kernel runs without its variables). Failed idle suspensions show in the status bar
- * instead, and failed commands report themselves.
+ * kernel runs without its variables), as the lead of a failure and its whole reason.
+ * Failed idle suspensions show in the status bar instead, and failed commands report
+ * themselves.
  */
-export function eventNotice(event: ICkptEvent): string | null {
+export function eventNotice(
+  event: ICkptEvent
+): { lead: string; why: string } | null {
   if (event.action === 'restore' && event.status === 'error') {
-    return `Could not restore kernel ${event.kernel_id ?? ''}: ${event.msg ?? 'unknown error'}. It runs without its saved variables; the image is kept.`;
+    return {
+      lead: `Could not restore kernel ${shortId(event.kernel_id ?? '')}`,
+      why: `${event.msg ?? 'unknown error'}. The kernel runs without its saved variables; the image is kept.`
+    };
   }
   return null;
 }

@@ -16,10 +16,9 @@ export interface ILiveParts {
   /** Reload this page's lists of sessions and kernels (JupyterLab's, which it polls
    * every few seconds): they learn at once of a kernel started or shut down elsewhere. */
   refreshRunning: () => Promise<void>;
-  /** Tell the user (a restore that failed). */
-  notify: (message: string) => void;
-  /** Say what the event says that the user must know, if anything. */
-  noticeOf: (event: ICkptEvent) => string | null;
+  /** Tell the user what the event says that they must know, if anything (a restore
+   * that failed, the variables it left out on purpose). */
+  tell: (event: ICkptEvent) => void;
 }
 
 /**
@@ -57,9 +56,6 @@ export function followEvents(
     }
     void sessions.refresh();
     void kernels.refresh().catch(() => undefined);
-    const notice = parts.noticeOf(event);
-    if (notice) {
-      parts.notify(notice);
-    }
+    parts.tell(event);
   });
 }

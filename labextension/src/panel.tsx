@@ -11,7 +11,16 @@ import {
 import { Message } from '@lumino/messaging';
 import * as React from 'react';
 
-import { exactTime, formatBytes, relativeTime, shortId } from './format';
+import {
+  exactTime,
+  formatBytes,
+  relativeTime,
+  shortId,
+  shortReason
+} from './format';
+import { LeftOutLine } from './exclusions';
+import { loadFailure } from './loadfailure';
+import { StoreMeter } from './storemeter';
 import { ckptIcon, nameTagIcon } from './icon';
 import {
   Compatibility,
@@ -41,6 +50,8 @@ export interface IRowActions {
   resume(row: ISessionRow, target?: ResumeTarget): Promise<void>;
   remove(row: ISessionRow): Promise<void>;
   details(row: ISessionRow): Promise<void>;
+  /** Have the kernel save variables it leaves out again; whether it worked. */
+  include(kernelId: string, names: string[]): Promise<boolean>;
 }
 
 /** The entries of the list (its direct rows), in order. */
@@ -241,6 +252,12 @@ export class SavedSessionsPanel extends ReactWidget {
     const trans = this._trans;
     const entries = sortEntries(model.entries, this.view.sortBy);
     const keys = entries.map(entry => entry.latest.image.id);
+    // entries of one title (two consoles of one name, a notebook deleted and another
+    // made under its name): their heads' buttons name the image too
+    const titles = entries.map(entry => entry.latest.title);
+    this._repeatedTitles = new Set(
+      titles.filter((title, i) => titles.indexOf(title) !== i)
+    );
     // the entry that holds the list's tab stop: the one last in focus, else the first
     const focusKey =
       this._focusKey && keys.includes(this._focusKey)
@@ -282,6 +299,7 @@ export class SavedSessionsPanel extends ReactWidget {
             <SortSelect view={this.view} trans={trans} />
           </div>
           {this._renderSelection()}
+          <StoreMeter store={this._kernels.store} trans={trans} />
         </div>
         {this._renderStoreProblem()}
         {this._renderState()}
@@ -353,9 +371,11 @@ export class SavedSessionsPanel extends ReactWidget {
             'The store cannot be written now: kernels are not saved or suspended, and images cannot be deleted. This clears once a save succeeds.'
           )}
         </p>
-        <p className="jp-CkptPanel-storeError" title={problem}>
-          {problem}
-        </p>
+        <p>{shortReason(problem)}.</p>
+        <details className="jp-CkptPanel-details">
+          <summary>{trans.__('Show details')}</summary>
+          <p className="jp-CkptPanel-storeError">{problem}</p>
+        </details>
       </div>
     );
   }
@@ -365,14 +385,21 @@ export class SavedSessionsPanel extends ReactWidget {
     const model = this.model;
     const trans = this._trans;
     if (model.state === 'error') {
+      const { lead, details } = loadFailure(model.failure, trans);
       return (
         <div className="jp-CkptPanel-message jp-mod-error" role="alert">
-          <p>{trans.__('Could not load saved sessions: %1', model.error)}</p>
-          <p>
-            {trans.__(
-              'Check that the server extension is enabled (jupyter server extension list shows jupyter_ckpt_server), then try again.'
-            )}
-          </p>
+          <p>{lead}</p>
+          {model.allRows.length > 0 && (
+            <p>
+              {trans.__(
+                'The list below is as it was last loaded; its buttons wait until it loads again.'
+              )}
+            </p>
+          )}
+          <details className="jp-CkptPanel-details">
+            <summary>{trans.__('Show details')}</summary>
+            <p className="jp-CkptPanel-storeError">{details}</p>
+          </details>
           <button
             className="jp-CkptButton"
             onClick={() => void model.refresh()}
@@ -441,10 +468,14 @@ export class SavedSessionsPanel extends ReactWidget {
           </div>
           <p className="jp-CkptRow-problem">
             {trans.__(
-              'Cannot be verified, so it cannot be resumed or deleted here: %1',
-              image.error ?? ''
+              'Cannot be verified, so it cannot be resumed or deleted here: %1.',
+              shortReason(image.error ?? '')
             )}
           </p>
+          <details className="jp-CkptPanel-details">
+            <summary>{trans.__('Show details')}</summary>
+            <p className="jp-CkptPanel-storeError">{image.error}</p>
+          </details>
           {note && (
             <p className="jp-CkptRow-note" role="alert">
               {note}
@@ -496,6 +527,11 @@ export class SavedSessionsPanel extends ReactWidget {
       );
     }
     const label = row.title;
+    // an older image's buttons name the image: the entry's head has the same title
+    const actionsLabel =
+      head && !this._repeatedTitles.has(label)
+        ? label
+        : trans.__('%1, image %2', label, imageLabel(image));
     return (
       <li
         key={image.id}
@@ -555,17 +591,19 @@ export class SavedSessionsPanel extends ReactWidget {
             {image.lost.join(', ')}
           </p>
         )}
+        <LeftOutLine
+          names={image.excluded}
+          label={actionsLabel}
+          onInclude={this._includer(head, image)}
+          tabIndex={tabbable ? 0 : -1}
+          trans={trans}
+        />
         {note && (
           <p className="jp-CkptRow-note" role="alert">
             {note}
           </p>
         )}
-        {this._renderActions(
-          row,
-          // an older image's buttons name the image: the entry's head has the same title
-          head ? label : trans.__('%1, image %2', label, imageLabel(image)),
-          tabbable
-        )}
+        {this._renderActions(row, actionsLabel, tabbable)}
         {older.length > 0 && (
           <details className="jp-CkptRow-older">
             <summary tabIndex={tabbable ? 0 : -1}>
@@ -584,6 +622,21 @@ export class SavedSessionsPanel extends ReactWidget {
 
   private _selectedClass(imageId: string): string {
     return this.view.selection.has(imageId) ? ' jp-mod-selected' : '';
+  }
+
+  /** The way back for an entry's head whose kernel runs and leaves variables out. */
+  private _includer(
+    head: boolean,
+    image: ISessionRow['image']
+  ): (() => Promise<boolean>) | null {
+    const { kernel_id: kernel, excluded } = image;
+    return head &&
+      kernel &&
+      this.model.state !== 'error' &&
+      excluded?.length &&
+      this._kernels.kernel(kernel)?.state === 'running'
+      ? () => this._actions.include(kernel, excluded)
+      : null;
   }
 
   /** What an entry is now: its kernel suspended, running, or only images saved. */
@@ -657,7 +710,9 @@ export class SavedSessionsPanel extends ReactWidget {
     if (actions.length === 0) {
       return null;
     }
-    const busy = this.model.isActing(row.image.id);
+    // a list that cannot be reloaded may be stale: nothing acts on what it shows
+    const busy =
+      this.model.isActing(row.image.id) || this.model.state === 'error';
     const tabIndex = tabbable ? 0 : -1;
     const open = !!row.suspendedKernel;
     const buttons: Record<RowAction, JSX.Element> = {
@@ -765,5 +820,6 @@ export class SavedSessionsPanel extends ReactWidget {
 
   private readonly _resumeMenu: MenuSvg;
   private _menuButton: HTMLElement | null = null;
+  private _repeatedTitles = new Set<string>();
   private _focusKey: string | null = null;
 }

@@ -321,8 +321,18 @@ export class SavedSessionsModel {
   }
 
   /** Why the last load failed. */
+  /** Why the last load failed ('' after one that worked). */
   get error(): string {
-    return this._error;
+    const failure = this._failure;
+    if (failure === null) {
+      return '';
+    }
+    return failure instanceof Error ? failure.message : String(failure);
+  }
+
+  /** What the last failed load threw (see `loadFailure`), to say which part failed. */
+  get failure(): unknown {
+    return this._failure;
   }
 
   get query(): string {
@@ -438,10 +448,10 @@ export class SavedSessionsModel {
         }
       }
       this._state = 'ready';
-      this._error = '';
+      this._failure = null;
     } catch (reason) {
       this._state = 'error';
-      this._error = reason instanceof Error ? reason.message : String(reason);
+      this._failure = reason;
     }
   }
 
@@ -463,7 +473,7 @@ export class SavedSessionsModel {
   private _renames: IRename[] = [];
   private _acting = new Set<string>();
   private _state: LoadState = 'loading';
-  private _error = '';
+  private _failure: unknown = null;
   private _query = '';
   private _rows: ISessionRow[] = [];
   private _notes = new Map<string, { message: string; cause: string }>();
@@ -489,6 +499,8 @@ export function isNamed(row: ISessionRow): boolean {
   return (
     !!name &&
     name !== defaultName(row.notebook) &&
+    // a console's kernel is named after the console it was started for ("Console-1")
+    name !== defaultName(row.image.notebook_path ?? null) &&
     !/^kernel-[0-9a-f]{8}$/.test(name) &&
     name !== 'session'
   );

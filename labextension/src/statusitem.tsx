@@ -6,6 +6,7 @@ import { Kernel } from '@jupyterlab/services';
 import { ISignal, Signal } from '@lumino/signaling';
 import * as React from 'react';
 
+import { shortReason } from './format';
 import {
   endsWithoutMessage,
   KernelStatusModel,
@@ -78,7 +79,7 @@ export class KernelStatusItem extends ReactWidget {
     return problem ? (
       <>
         <span className="jp-CkptStatus-store" role="alert" title={problem}>
-          {problem}
+          {shortReason(problem)}
         </span>
         {button}
       </>

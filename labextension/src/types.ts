@@ -36,6 +36,8 @@ export interface IImage {
   /** The names of its variables (saved or not), to tell what changed between images. */
   variable_names?: string[];
   lost?: string[];
+  /** The variables left out on purpose (excluded from the kernel's saved state). */
+  excluded?: string[];
   compatibility?: ICompatibility;
   /** GPU the kernel held when the image was written, where the server knows it. */
   gpu?: { model?: string; memory_bytes?: number };
@@ -123,12 +125,24 @@ export interface IKernelStatus {
   recovered?: { autosave_at: string; crashed_after?: string | null };
 }
 
-/** Whether the server reaches its store, and since when. */
+/** Whether the server reaches its store, and since when; how much room it uses. */
 export interface IStoreHealth {
   url: string;
   ok: boolean;
   error: string | null;
   since: string;
+  /** Null while the store cannot be read; absent from older servers. */
+  usage?: IStoreUsage | null;
+}
+
+/** The bytes the store's images hold (each chunk counted once, with the image that
+ * first wrote it), against `ImageStore.quota_bytes`; a local store's file system. */
+export interface IStoreUsage {
+  bytes: number;
+  images: number;
+  quota_bytes: number | null;
+  disk_bytes: number | null;
+  disk_free_bytes: number | null;
 }
 
 export interface IStatusReply {
@@ -140,7 +154,14 @@ export interface IStatusReply {
 export interface IResumeReply {
   kernel: { id: string; name: string };
   session: { id: string; path: string } | null;
-  restore: { missing?: Record<string, string>; warnings?: string[] };
+  restore: {
+    missing?: Record<string, string>;
+    /** Of `missing`, those left out on purpose (not a failure). */
+    excluded?: string[];
+    /** The cell (In [n]) that made each missing variable, where the history says. */
+    cells?: Record<string, number>;
+    warnings?: string[];
+  };
 }
 
 /** `POST /api/ckpt/kernels/{id}/checkpoint` and `.../suspend`. */
@@ -177,6 +198,10 @@ export interface ICkptEvent {
   bytes_total?: number;
   /** State events: the kernel's state from now on; gone: shut down. */
   state?: CkptState | 'gone';
+  /** Restore events: the variables the image left out on purpose, and the cell that
+   * made each. */
+  excluded?: string[];
+  cells?: Record<string, number>;
 }
 
 /** How far a kernel's image is written or read, from its latest progress event. */

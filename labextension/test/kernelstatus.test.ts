@@ -370,14 +370,16 @@ describe('KernelStatusModel', () => {
 describe('eventNotice', () => {
   const event = { schema_id: EVENT_SCHEMA, kernel_id: 'k1' } as const;
   it('reports failed restores only', () => {
-    expect(
-      eventNotice({
-        ...event,
-        action: 'restore',
-        status: 'error',
-        msg: 'no GPU'
-      })
-    ).toContain('Could not restore kernel k1: no GPU');
+    const notice = eventNotice({
+      ...event,
+      action: 'restore',
+      status: 'error',
+      msg: 'no GPU'
+    });
+    expect(notice?.lead).toBe('Could not restore kernel k1');
+    expect(notice?.why).toBe(
+      'no GPU. The kernel runs without its saved variables; the image is kept.'
+    );
     expect(
       eventNotice({ ...event, action: 'restore', status: 'success' })
     ).toBeNull();

@@ -92,8 +92,11 @@ describe('followEvents', () => {
       refreshRunning: async () => {
         refreshed.push('running');
       },
-      notify: notice => notices.push(notice),
-      noticeOf: event => (event.status === 'error' ? 'failed' : null)
+      tell: event => {
+        if (event.status === 'error') {
+          notices.push('failed');
+        }
+      }
     });
     return { kernels, stream, replies, refreshed, notices };
   }

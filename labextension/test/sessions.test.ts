@@ -406,6 +406,12 @@ describe('what an entry says about its images', () => {
     expect(isNamed(row('My-Model', 'work/My Model.ipynb'))).toBe(false);
     expect(isNamed(row('kernel-1a2b3c4d', null))).toBe(false);
     expect(isNamed(row('session', null))).toBe(false);
+    // a console's default name: its session's, as its kernel recorded it
+    const console = {
+      ...row('Console-1', null),
+      image: saved({ name: 'Console-1', notebook_path: '/home/me/Console 1' })
+    };
+    expect(isNamed(console)).toBe(false);
   });
 
   it('says what changed since the image before', () => {

@@ -32,6 +32,7 @@ from .policy import SuspendPolicy
 from .service import CkptService
 from .shutdown import StopGuard, grace_period_warning
 from .storehealth import StoreHealth
+from .storeusage import StoreUsage
 from .websocket import CkptKernelWebsocketHandler
 
 SCHEMA_ID = "https://events.jupyter.org/jupyter_ckpt/v1"
@@ -121,6 +122,8 @@ class CkptExtensionApp(ExtensionApp):
         event_logger.add_listener(schema_id=SCHEMA_ID, listener=self.monitor.on_event)
         metrics = MetricsListener(self.manager.lifecycles, store, self.log)
         event_logger.add_listener(schema_id=SCHEMA_ID, listener=metrics.on_event)
+        usage = StoreUsage(store)
+        event_logger.add_listener(schema_id=SCHEMA_ID, listener=usage.on_event)
         self.autosaver = Autosaver(parent=self, manager=self.manager)
         self.service = CkptService(
             self.manager,
@@ -128,6 +131,7 @@ class CkptExtensionApp(ExtensionApp):
             self.serverapp.session_manager,
             self.demand,
             notebook_ids,
+            usage,
         )
         self.settings.update(
             jupyter_ckpt_manager=self.manager,

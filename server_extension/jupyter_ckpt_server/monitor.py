@@ -104,7 +104,8 @@ class IdleMonitor:
         self._names_at: dict[str, int] = {}
         # kernel id -> when a tick last asked it (time.monotonic())
         self._asked_at: dict[str, float] = {}
-        # kernel id -> (when, the variables its last successful image left out)
+        # kernel id -> (when, the variables a suspend would leave out: as its last image
+        # left them out, or as the kernel said when last asked after a cell)
         self._unsaveable: dict[str, tuple[datetime, list[str]]] = {}
 
     def snapshot(self) -> GpuSnapshot:
@@ -121,11 +122,10 @@ class IdleMonitor:
         if written and kernel_id and "missing" in data:
             self._unsaveable[kernel_id] = (datetime.now(timezone.utc), data["missing"])
 
-    def narrow_unsaveable(self, kernel_id: str, still: set[str]) -> None:
-        """Keep, of the variables the last image left out, those the kernel still holds."""
-        if kernel_id in self._unsaveable:
-            when, names = self._unsaveable[kernel_id]
-            self._unsaveable[kernel_id] = (when, [n for n in names if n in still])
+    def saw_unsaveable(self, kernel_id: str, names: list[str]) -> None:
+        """The variables a suspend now would leave out, as the kernel just said (those
+        the last image left out that it still holds, and those made since)."""
+        self._unsaveable[kernel_id] = (datetime.now(timezone.utc), names)
 
     def unsaveable(self, kernel_id: str) -> list[str]:
         """The variables that keep the kernel from being suspended (on_unsaveable=keep):

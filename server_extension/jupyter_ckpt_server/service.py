@@ -17,6 +17,7 @@ from .manager import CkptManager, NothingToSave, SuspendFailed
 from .monitor import IdleMonitor
 from .notebookids import NotebookIds
 from .storehealth import StoreHealth
+from .storeusage import StoreUsage
 from .work import quiet_call
 
 
@@ -40,6 +41,8 @@ def image_summary(manifest: dict[str, Any]) -> dict[str, Any]:
         # the panel names the variables added or removed from one image to the next
         "variable_names": [v["name"] for v in variables],
         "lost": [v["name"] for v in variables if v["status"] == "lost"],
+        # left out on purpose: the panel says so, and offers to save them again
+        "excluded": [v["name"] for v in variables if v["status"] == "excluded"],
         "python": manifest.get("environment", {}).get("python"),
         "gpu": _gpu_summary(manifest),
     }
@@ -84,12 +87,14 @@ class CkptService:
         session_manager: Any,
         demand: GpuDemand | None = None,
         notebook_ids: NotebookIds | None = None,
+        store_usage: StoreUsage | None = None,
     ) -> None:
         self.manager = manager
         self.monitor = monitor
         self.session_manager = session_manager
         self.demand = demand
         self.notebook_ids = notebook_ids
+        self.store_usage = store_usage
 
     @property
     def node(self) -> dict[str, Any]:
@@ -242,7 +247,7 @@ class CkptService:
         km = manager.kernel_manager
         kernels = []
         if kernel_id:
-            await self._forget_fixed_unsaveable(kernel_id)
+            await self._check_unsaveable(kernel_id)
         for assessment in await self.monitor.assess([kernel_id] if kernel_id else None):
             kernels.append(
                 {
@@ -262,29 +267,39 @@ class CkptService:
         return {
             "policy": manager.policy.to_json(),
             "gpu_demand": demand.to_json() if demand else None,
-            "store": self.store_health.to_json() if self.store_health else None,
+            "store": await self._store_status(),
             "node": self.node,
             "kernels": kernels,
         }
 
-    async def _forget_fixed_unsaveable(self, kernel_id: str) -> None:
-        """Variables a save or a failed suspend could not write no longer keep the kernel
-        up once the user deleted, rebound or excluded them: asked now, not at the next
-        save or attempt."""
+    async def _store_status(self) -> dict[str, Any] | None:
+        """The store's health, and its use against its quota (``usage``; null while it
+        cannot be read)."""
+        if self.store_health is None:
+            return None
+        usage = await self.store_usage.current() if self.store_usage else None
+        return {**self.store_health.to_json(), "usage": usage}
+
+    async def _check_unsaveable(self, kernel_id: str) -> None:
+        """Which variables a suspend now would leave out, asked now (a client asks after
+        each cell): one a cell just made is announced at once, not at the next save
+        minutes later; one the user deleted, rebound or excluded no longer keeps the
+        kernel up. The kernel's look is cheap (see :mod:`jupyter_ckpt.kernel.probe`)."""
         manager = self.manager
         failure = manager.events.failures.get(kernel_id)
         failed = bool(failure and failure.get("lost"))
         km = manager.kernel_manager
-        if not (failed or self.monitor.unsaveable(kernel_id)) or not km.is_running(kernel_id):
+        if not km.is_running(kernel_id):
             return
         if km.get_kernel(kernel_id).execution_state == "busy":  # type: ignore[attr-defined]
             return  # asked again when the cell is done
         timeout = manager.policy.activity_timeout
         try:
-            still = set(await quiet_call(manager, kernel_id, "still_unsaveable()", timeout))
+            found = await quiet_call(manager, kernel_id, "unsaveable_now()", timeout)
         except (SuspendFailed, asyncio.TimeoutError):
             return  # they stand until the kernel can say
-        self.monitor.narrow_unsaveable(kernel_id, still)
+        still = set(found)
+        self.monitor.saw_unsaveable(kernel_id, sorted(found))
         # unless a newer attempt replaced the failure meanwhile
         if failure and failed and manager.events.failures.get(kernel_id) is failure:
             lost = {name: why for name, why in failure["lost"].items() if name in still}

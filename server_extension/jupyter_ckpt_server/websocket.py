@@ -440,7 +440,10 @@ def restore_message(report: dict[str, Any]) -> str:
             "until this kernel is shut down or restarted: load it again with "
             f"%ckpt restore {report['image_id']} or resume it from the saved sessions."
         )
-    missing = report.get("missing") or {}
+    # variables left out on purpose are no failure: the client names them, and how to
+    # make them again, in a notification (see the restore event's ``excluded``)
+    excluded = set(report.get("excluded") or ())
+    missing = {n: why for n, why in (report.get("missing") or {}).items() if n not in excluded}
     if missing:
         lines.append(f"jupyter-ckpt: {len(missing)} variable(s) not restored:")
         lines.extend(f"  {name}: {why}" for name, why in missing.items())

@@ -10,6 +10,8 @@ metadata overrides the idle timeout.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -18,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +71,15 @@ def _wait_ready(lab: Lab, process: subprocess.Popen[bytes], log: Path) -> None:
     raise RuntimeError(f"jupyter lab did not answer within 90 s:\n{log.read_text()}")
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    shutil.rmtree(OUTPUT, ignore_errors=True)  # screenshots and log of this run only
-    base = tmp_path_factory.mktemp("lab")
+@contextlib.contextmanager
+def running_lab(
+    base: Path, store: str | None = None, settings: dict[str, Any] | None = None
+) -> Iterator[Lab]:
+    """A JupyterLab under ``base`` with this checkout's labextension, its own store
+    (``store``: a URL, else a folder under ``base``) and ``settings`` in its config file;
+    stopped on the way out, its log kept as ``base/server.log``."""
     root = base / "root"
-    root.mkdir()
+    root.mkdir(parents=True)
     data = base / "data"
     spec = data / "kernels" / STEADY_KERNEL
     spec.mkdir(parents=True)
@@ -98,7 +103,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     config = base / "config"
     config.mkdir()
     (config / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"idle_clock": True}}})
+        json.dumps({"ServerApp": {"jpserver_extensions": {"idle_clock": True}}, **(settings or {})})
     )
     # no "get notified about Jupyter news?" toast over the screenshots
     news = base / "settings" / "@jupyterlab" / "apputils-extension"
@@ -106,7 +111,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
     env = {
         **os.environ,
-        "JUPYTER_CKPT_STORE": str(base / "store"),
+        "JUPYTER_CKPT_STORE": store or str(base / "store"),
         "JUPYTER_CKPT_SECRET_FILE": str(base / "secret"),
         "JUPYTER_CONFIG_DIR": str(config),
         "JUPYTER_DATA_DIR": str(data),
@@ -145,8 +150,33 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             process.wait(30)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    shutil.rmtree(OUTPUT, ignore_errors=True)  # screenshots and log of this run only
+    base = tmp_path_factory.mktemp("lab")
+    try:
+        with running_lab(base) as lab:
+            yield lab
+    finally:
         OUTPUT.mkdir(parents=True, exist_ok=True)
-        (OUTPUT / "server.log").write_bytes(log.read_bytes())
+        (OUTPUT / "server.log").write_bytes((base / "server.log").read_bytes())
+
+
+@pytest.fixture
+def start_lab(
+    tmp_path: Path,
+) -> Callable[..., contextlib.AbstractContextManager[Lab]]:
+    """Another JupyterLab, the test's own: one it stops, or whose store fails."""
+    count = itertools.count()
+
+    def start(
+        store: str | None = None, settings: dict[str, Any] | None = None
+    ) -> contextlib.AbstractContextManager[Lab]:
+        return running_lab(tmp_path / f"lab{next(count)}", store, settings)
+
+    return start
 
 
 @pytest.fixture(scope="session")

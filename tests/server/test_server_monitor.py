@@ -130,6 +130,30 @@ async def test_a_failure_on_unsaveable_variables_ends_when_they_are_deleted(
     assert kernel.last_activity == idle_since, "asking the kernel kept its idle clock"
 
 
+async def test_a_variable_that_cannot_be_saved_is_announced_after_its_cell(
+    jp_fetch, start_kernel, connect, manager
+):
+    """Asked after the cell (as the status bar does), not at the next save: no image is
+    written, and the kernel's idle clock stays where the cell left it."""
+    kernel_id = await start_kernel()
+    client = await connect(kernel_id)
+
+    async def blocked_by() -> list[str]:
+        r = await jp_fetch("api", "ckpt", "status", params={"kernel_id": kernel_id})
+        (kernel,) = json.loads(r.body)["kernels"]
+        return kernel["blocked_by"]
+
+    await client.execute("import threading\ngen = (i for i in range(3))\nlock = threading.Lock()")
+    await client.execute("data = list(range(10))\nkept = 1")
+    kernel = manager.kernel_manager.get_kernel(kernel_id)
+    idle_since = kernel.last_activity
+    assert "Won't suspend: gen, lock cannot be saved" in await blocked_by()
+    assert manager.store.image_ids() == [], "found without a save"
+    assert kernel.last_activity == idle_since, "asking the kernel kept its idle clock"
+    await client.execute("del gen\nlock = 2")
+    assert not [b for b in await blocked_by() if "cannot be saved" in b]
+
+
 async def test_a_kernel_without_jupyter_ckpt_keeps_running(
     jp_fetch, start_kernel, no_ckpt_kernel, manager, monitor, events
 ):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from jupyter_ckpt_server.storehealth import StoreHealth
 from server_helpers import action_events, fails_with, get_json, poll, start_session, text_of
 
 
@@ -168,3 +169,31 @@ async def test_an_image_a_running_kernels_autosave_names_is_listed_as_such(
     images = await get_json(jp_fetch, "api", "ckpt", "images")
     assert [i["state"] for i in images] == ["saved"]
     await jp_fetch("api", "ckpt", "images", image_id, method="DELETE")
+
+
+async def test_the_status_says_how_much_of_its_room_the_store_uses(
+    jp_fetch, jp_serverapp, connect, manager
+):
+    # what the extension sets once the server runs its event loop
+    service = jp_serverapp.web_app.settings["jupyter_ckpt_service"]
+    service.store_health = StoreHealth(manager.store.backend.url, manager.log)
+
+    async def usage() -> dict:
+        return (await get_json(jp_fetch, "api", "ckpt", "status"))["store"]["usage"]
+
+    before = await usage()
+    assert (before["images"], before["bytes"], before["quota_bytes"]) == (0, 0, None)
+    assert before["disk_bytes"] > before["disk_free_bytes"] > 0, before
+    _, kernel_id = await start_session(jp_fetch)
+    await (await connect(kernel_id)).execute("data = bytes(300_000)")
+    manager.store.quota_bytes = 10_000_000
+    saved = await manager.checkpoint(kernel_id)
+
+    async def counted() -> dict | None:
+        found = await usage()
+        return found if found["images"] else None
+
+    # the save's event has the store read again: well before MAX_AGE
+    after = await poll(counted, timeout=10, what="the save in the store's use")
+    assert after["quota_bytes"] == 10_000_000, after
+    assert 300_000 <= after["bytes"] <= saved["bytes"] + 100_000, (after, saved)

@@ -157,6 +157,30 @@ async def test_a_failed_restore_starts_the_kernel_and_says_what_is_missing(
     await jp_fetch("api", "ckpt", "images", image_id, method="DELETE")
 
 
+async def test_variables_left_out_on_purpose_are_no_failure_after_the_restore(
+    jp_fetch, connect, manager, events
+):
+    """What "Suspend anyway" does (exclude, then suspend): the restore writes nothing
+    into the cell that woke the kernel about them, and its event names them, with the
+    cell that made each, for the client to say so in plain words."""
+    _, kernel_id = await start_session(jp_fetch)
+    client = await connect(kernel_id)
+    reply, _ = await client.execute("gen = (i for i in range(3))\nkept = 1")
+    await client.execute("%load_ext jupyter_ckpt\n%ckpt exclude gen")
+    image_id = (await manager.suspend(kernel_id))["id"]
+
+    client = await connect(kernel_id)
+    reply, outputs = await client.execute("print(kept, 'gen' in globals())")
+    assert reply["status"] == "ok"
+    assert text_of(outputs) == "1 False\n", "no block about the variable left out"
+    restore = await next_event(events, "restore", status="success")
+    assert restore["excluded"] == ["gen"]
+    assert restore["cells"] == {"gen": 1}
+    assert "gen" in restore["missing"]
+    (image,) = [i for i in await get_json(jp_fetch, "api", "ckpt", "images") if i["id"] == image_id]
+    assert (image["excluded"], image["lost"]) == (["gen"], [])
+
+
 async def test_resuming_the_image_of_a_failed_restore_releases_it(jp_fetch, connect, manager):
     _, kernel_id = await start_session(jp_fetch)
     await (await connect(kernel_id)).execute("kept = 'yes'")

@@ -48,6 +48,16 @@ restoring: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+def left_out(report: dict[str, Any]) -> dict[str, Any]:
+    """The restore event's fields for the variables its image left out on purpose, and
+    the cell that makes each again: the client tells the user (none when there are none)."""
+    excluded = report.get("excluded") or []
+    if not excluded:
+        return {}
+    cells = report.get("cells") or {}
+    return {"excluded": excluded, "cells": {n: cells[n] for n in excluded if n in cells}}
+
+
 def _store_unreachable(exc: SuspendFailed) -> bool:
     """Whether a kernel call failed because the store could not be reached: worth
     another try."""
@@ -326,6 +336,7 @@ class Restore:
             report,
             timeline=timeline.to_json(),
             mapped_bytes=report.get("mapped_bytes", 0),
+            **left_out(report),
         )
         self.owner.log.info("Restored kernel %s:\n%s", lc.kernel_id, timeline.describe())
 
