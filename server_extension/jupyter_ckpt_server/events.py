@@ -10,6 +10,10 @@ from typing import Any
 from .rpc import StoreFailed
 from .storehealth import StoreHealth
 
+# the actions after which the store holds other images (an ``images`` event: a %ckpt
+# command's cell, whose writes the server did not make)
+STORE_CHANGES = ("checkpoint", "suspend", "delete", "images")
+
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")

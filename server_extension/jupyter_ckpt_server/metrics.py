@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from jupyter_ckpt.store import ImageStore
 
+from .events import STORE_CHANGES
 from .lifecycle import Lifecycles
 
 # Seconds: a suspend or restore of a small kernel takes a second, a large GPU one minutes.
@@ -85,7 +86,6 @@ STORE_BYTES = Gauge("jupyter_ckpt_store_bytes", "Bytes of the images in the stor
 STORE_IMAGES = Gauge("jupyter_ckpt_store_images", "Images in the store.")
 
 # the actions after which the store holds other images
-_STORE_CHANGES = ("checkpoint", "suspend", "delete", "images")
 
 
 def count_store(store: ImageStore) -> None:
@@ -125,7 +125,7 @@ class MetricsListener:
             if status == "success":
                 RESTORE_SECONDS.observe(data.get("seconds", 0.0))
             self.released_until_now(kernel_id)
-        if action in _STORE_CHANGES and status == "success":
+        if action in STORE_CHANGES and status == "success":
             self._count_store()
 
     def _freed(self, kernel_id: str, reason: str) -> None:

@@ -33,11 +33,11 @@ from jupyter_ckpt.errors import CkptError
 from jupyter_ckpt.store import ImageStore
 from jupyter_ckpt.store.backends import LocalBackend
 
+from .events import STORE_CHANGES
+
 MAX_AGE = 30.0
 # how long the status waits for a reading under way
 READ_WAIT = 2.0
-# the actions after which the store holds other images
-STORE_CHANGES = ("checkpoint", "suspend", "delete")
 
 
 def read_usage(store: ImageStore) -> dict[str, Any]:

@@ -6,7 +6,9 @@ from browser_helpers import (
     KERNEL_IDLE,
     STATUS,
     SUSPENDED,
+    entries,
     open_notebook,
+    open_panel,
     run_cell,
     screenshot,
     suspend_idle,
@@ -26,6 +28,9 @@ def test_running_a_cell_restores_the_suspended_kernel_under_its_id(page: Page, l
     # the notebook does not look dead: its kernel reads as idle while suspended
     kernel_state = page.locator(".jp-StatusBar-TextItem").filter(has_text=KERNEL_IDLE)
     expect(kernel_state).to_be_visible(timeout=20_000)
+    panel = open_panel(page)
+    expect(entries(panel).filter(has_text="restore.ipynb")).to_contain_text("Suspended kernel")
+    screenshot(page, "lab-suspended")  # the documentation's first picture
     expect(run_cell(page, "x + 1")).to_contain_text("42")
     assert lab.kernel_of(notebook) == kernel_id
     # the execution count goes on from the kernel's: no second [1] in the notebook
