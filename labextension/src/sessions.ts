@@ -73,8 +73,13 @@ export function refusalText(message: string): string {
 /** "checkpoint-3 (3f9a2c51)": how a confirmation or notification names an image. */
 export function imageLabel(image: IImage): string {
   const id = shortId(image.id);
-  return image.name ? `${image.name} (${id})` : id;
+  const name = image.name && !MACHINE_NAME.test(image.name) ? image.name : null;
+  return name ? `${name} (${id})` : id;
 }
+
+/** The names an image of a kernel without a notebook gets (a console resumed into, a
+ * kernel started over the REST API): they say nothing its id does not. */
+const MACHINE_NAME = /^(kernel-[0-9a-f]{8}|session)$/;
 
 /**
  * The API path of a notebook the kernel recorded as a file-system path (kernels see
@@ -501,8 +506,7 @@ export function isNamed(row: ISessionRow): boolean {
     name !== defaultName(row.notebook) &&
     // a console's kernel is named after the console it was started for ("Console-1")
     name !== defaultName(row.image.notebook_path ?? null) &&
-    !/^kernel-[0-9a-f]{8}$/.test(name) &&
-    name !== 'session'
+    !MACHINE_NAME.test(name)
   );
 }
 

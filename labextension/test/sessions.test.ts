@@ -384,6 +384,10 @@ describe('deleteBlocked and imageLabel', () => {
       `img-${id} (3f9a2c51)`
     );
     expect(imageLabel({ id, state: 'saved' })).toBe('3f9a2c51');
+    // a console's kernel without a notebook: its default name is the kernel's id
+    expect(imageLabel({ id, state: 'saved', name: 'kernel-1a2b3c4d' })).toBe(
+      '3f9a2c51'
+    );
   });
 });
 
