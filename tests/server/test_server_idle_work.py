@@ -344,7 +344,10 @@ async def test_unsaveable_variables_say_wont_suspend_up_front(
     await client.execute("del gen, sock")
     lock = "Won't suspend: lock cannot be saved"
     await poll(lambda: blocker_is(lock), what=lock)
-    await client.execute("lock = threading.Lock()")  # rebound: a new value, not yet tried
+    # rebound: the cell's new value is looked at once it ran (a new lock: still named)
+    await client.execute("lock = threading.Lock()")
+    await poll(lambda: blocker_is(lock), what=lock)
+    await client.execute("lock = 1")  # a value that saves
     await poll(lambda: blocker_is(None), what="no blocker")
     await client.execute("del lock")
     await checkpoint()

@@ -675,6 +675,54 @@ async def test_a_kernel_slow_to_start_is_waited_for(
     assert_started_once(starts, caplog)
 
 
+# Publishes status messages signed with a key that is not the kernel's, on the iopub port
+# of the connection file it is given, for half a minute: another process that took the
+# kernel's port before the kernel could bind it.
+IMPOSTOR = """
+import json, sys, time, zmq
+from jupyter_client.session import Session
+info = json.load(open(sys.argv[1]))
+publisher = zmq.Context().socket(zmq.PUB)
+publisher.bind(f"tcp://{info['ip']}:{info['iopub_port']}")
+open(sys.argv[2], "w").close()
+session = Session(key=b"not the kernel's key")
+for _ in range(600):
+    session.send(publisher, "status", {"execution_state": "idle"})
+    time.sleep(0.05)
+"""
+
+
+async def test_messages_on_the_kernel_s_port_not_signed_by_it_are_no_sign_of_it(
+    jp_fetch, connect, jp_data_dir, manager, tmp_path
+):
+    """A suspended kernel is restarted (started fresh), and another process took the new
+    process's iopub port first and publishes there: its messages do not make the server
+    hand out the process, which cannot bind the port; the server starts it again on new
+    ports, and the restart answers with a kernel that runs cells."""
+    impostor, count, bound = tmp_path / "impostor.py", tmp_path / "count", tmp_path / "bound"
+    impostor.write_text(IMPOSTOR)
+    launcher = (
+        f"n=$(($(cat {count} 2>/dev/null || echo 0) + 1)); echo $n > {count}; "
+        # the second launch (the restart's) finds its port taken, by no child of its own
+        f'if [ $n -eq 2 ]; then ("{sys.executable}" {impostor} "$0" {bound} &); '
+        f"while [ ! -e {bound} ]; do sleep 0.05; done; fi; "
+        f'exec "{sys.executable}" -m ipykernel_launcher -f "$0"'
+    )
+    python_kernelspec(
+        jp_data_dir, "port-taken", "Port taken", ["sh", "-c", launcher, "{connection_file}"]
+    )
+    body = {"path": "taken.ipynb", "type": "notebook", "kernel": {"name": "port-taken"}}
+    response = await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    kernel_id = json.loads(response.body)["kernel"]["id"]
+    assert await value_in(connect, kernel_id, "x = 1; x") == "1"
+    await manager.suspend(kernel_id)
+    await jp_fetch(
+        "api", "kernels", kernel_id, "restart", method="POST", body="", request_timeout=scaled(90)
+    )
+    assert await value_in(connect, kernel_id, "1 + 1") == "2"
+    assert int(count.read_text()) == 3
+
+
 async def test_a_kernel_whose_launcher_is_slow_is_waited_for(
     jp_fetch, connect, jp_data_dir, tmp_path, monkeypatch, caplog
 ):

@@ -80,11 +80,16 @@ class Start:
         session = Session(config=kernel.session.config, key=kernel.session.key)
 
         def on_iopub(msg_list: list[bytes]) -> None:
-            lc.joined.set()
-            if msg_list[0].endswith(_STATUS_TOPIC):
+            if lc.joined.is_set() and msg_list[0].endswith(_STATUS_TOPIC):
                 return  # ipykernel names each message's type in its topic: skip the parse
-            _, parts = session.feed_identities(msg_list)
-            msg = session.deserialize(parts, content=False)
+            try:
+                _, parts = session.feed_identities(msg_list)
+                msg = session.deserialize(parts, content=False)
+            except ValueError:
+                # not signed with the kernel's key: another process took its iopub port
+                # before it could bind it, which is no sign of the kernel (see _join)
+                return
+            lc.joined.set()
             if msg["header"]["msg_type"] == "execute_input":
                 content = json.loads(msg["content"])
                 lc.cells += 1
