@@ -147,6 +147,8 @@ async def test_the_status_does_not_call_a_kernel_busy_for_the_servers_own_calls(
     await poll(lambda: kernel.execution_state == "busy", what="the server to see it busy")
     assert "the kernel is busy" not in (await kernel_status(jp_fetch, kernel_id))["blocked_by"]
     await ours
+    # its "idle" may come after its reply: the client's cell must not be taken for it
+    await poll(lambda: kernel.execution_state == "idle", what="the server to see it idle")
     # a client's cell is the user's work: shown
     client.send("execute_request", {"code": "time.sleep(30)", "silent": False})
     await poll(lambda: kernel.execution_state == "busy", what="the client's cell to run")
